@@ -1,0 +1,106 @@
+package layer
+
+import "time"
+
+// entry is one message waiting in a mailbox, stamped when it reached this process (S4).
+type entry struct {
+	at   time.Time
+	body []byte
+}
+
+// waiter is one pending receive. deliver is called exactly once, outside the layer lock, with a
+// message or with the error that ended the receive, unless the receive is cancelled first.
+type waiter struct {
+	mb      *mailbox
+	deliver func(Message, error)
+	listed  bool // still in mb.waiters; false once a message or an error was handed over
+}
+
+// mailbox buffers the messages of one channel name in this process (S2, S4, S5).
+// Every field is guarded by Layer.mu.
+type mailbox struct {
+	name     string
+	plain    bool // a plain channel (no "!"): it owns a queue subscription
+	capacity int
+
+	entries []entry // arrival order; the front is the oldest
+	waiters []*waiter
+
+	groups      int // how many groups it belongs to
+	subscribing int // receives and group_adds still waiting for their subscription
+
+	activeAt   time.Time // last arrival, or when the last reader left (idle reclaim, S5)
+	readAt     time.Time // last time a reader waited or got a message (group expiry, S18)
+	dropping   bool      // in a spell of capacity drops ("has room again" is due at its end)
+	lingering  bool      // a release after ReleaseLinger is scheduled (S6)
+	discharged bool      // removed from the layer; put-backs must go elsewhere
+}
+
+func newMailbox(name string, capacity int, now time.Time) *mailbox {
+	return &mailbox{name: name, plain: !IsProcessChannel(name), capacity: capacity, activeAt: now, readAt: now}
+}
+
+// idle reports whether nothing holds the mailbox: no reader, no group, no subscribe in flight.
+func (mb *mailbox) idle() bool {
+	return len(mb.waiters) == 0 && mb.groups == 0 && mb.subscribing == 0
+}
+
+// dropExpired removes expired entries from the front and returns how many it removed.
+func (mb *mailbox) dropExpired(now time.Time, expiry time.Duration) int {
+	n := 0
+	for n < len(mb.entries) && now.Sub(mb.entries[n].at) > expiry {
+		n++
+	}
+	if n > 0 {
+		clear(mb.entries[:n]) // let the bodies be collected
+		mb.entries = mb.entries[n:]
+	}
+	return n
+}
+
+// pop removes and returns the oldest entry that has not expired; expired is how many expired
+// entries it skipped on the way.
+func (mb *mailbox) pop(now time.Time, expiry time.Duration) (e entry, ok bool, expired int) {
+	expired = mb.dropExpired(now, expiry)
+	if len(mb.entries) == 0 {
+		return entry{}, false, expired
+	}
+	e = mb.entries[0]
+	mb.entries[0] = entry{}
+	mb.entries = mb.entries[1:]
+	return e, true, expired
+}
+
+// pushFront returns an entry that was handed to a receiver that is gone (S14).
+func (mb *mailbox) pushFront(e entry) {
+	mb.entries = append(mb.entries, entry{})
+	copy(mb.entries[1:], mb.entries)
+	mb.entries[0] = e
+}
+
+// takeWaiter removes and returns the longest-waiting receiver, or nil.
+func (mb *mailbox) takeWaiter() *waiter {
+	if len(mb.waiters) == 0 {
+		return nil
+	}
+	w := mb.waiters[0]
+	mb.waiters[0] = nil
+	mb.waiters = mb.waiters[1:]
+	w.listed = false
+	return w
+}
+
+// removeWaiter unlists w; it reports false when w was no longer listed.
+func (mb *mailbox) removeWaiter(w *waiter) bool {
+	if !w.listed {
+		return false
+	}
+	for i, x := range mb.waiters {
+		if x == w {
+			mb.waiters = append(mb.waiters[:i], mb.waiters[i+1:]...)
+			break
+		}
+	}
+	w.listed = false
+	return true
+}

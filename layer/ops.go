@@ -1,0 +1,531 @@
+package layer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Message is one received message.
+type Message struct {
+	// Body is the msgpack map as it arrived. Group members in one process share it: read it,
+	// copy it or decode it, never modify it.
+	Body []byte
+
+	mb *mailbox
+	at time.Time
+}
+
+// groupMembers holds the members of one group in this client.
+type groupMembers struct {
+	process map[string]*mailbox // process-channel members, fed by one subscription per group
+	plain   map[string]*mailbox // plain-channel members, each fed by its own queue subscription
+}
+
+func (g *groupMembers) size() int { return len(g.process) + len(g.plain) }
+
+// Send publishes a message to a channel (validated: see SendRaw).
+func (l *Layer) Send(ctx context.Context, channel string, msg map[string]any) error {
+	body, err := encodeMessage(msg)
+	if err != nil {
+		return err
+	}
+	return l.SendRaw(ctx, channel, body)
+}
+
+// SendRaw publishes a msgpack body to a channel. The body must be a valid wire message without
+// the reserved key (*FrameError otherwise, S8); with its headers it must fit the server's
+// max_payload (*MessageTooLargeError, S7). Nothing is sent when it returns an error. A message
+// sent to a channel nobody receives on is lost (S1).
+func (l *Layer) SendRaw(ctx context.Context, channel string, body []byte) error {
+	if err := ValidateChannelName(channel); err != nil {
+		return err
+	}
+	m := &nats.Msg{Subject: l.subj.channel(channel), Data: body}
+	if IsProcessChannel(channel) {
+		m.Header = nats.Header{ChannelHeader: []string{channel}}
+	}
+	return l.publish(ctx, m)
+}
+
+// GroupSend publishes a message to every member of a group, in every process (see GroupSendRaw).
+func (l *Layer) GroupSend(ctx context.Context, group string, msg map[string]any) error {
+	body, err := encodeMessage(msg)
+	if err != nil {
+		return err
+	}
+	return l.GroupSendRaw(ctx, group, body)
+}
+
+// GroupSendRaw publishes a msgpack body once on the group's subject; the server fans it out.
+// The rules of SendRaw apply. Sending to a group with no members is not an error.
+func (l *Layer) GroupSendRaw(ctx context.Context, group string, body []byte) error {
+	if err := ValidateGroupName(group); err != nil {
+		return err
+	}
+	return l.publish(ctx, &nats.Msg{Subject: l.subj.group(group), Data: body})
+}
+
+// headerSize is how many bytes a header block adds to a message on the wire.
+func headerSize(h nats.Header) int {
+	if len(h) == 0 {
+		return 0
+	}
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
+}
+
+func (l *Layer) publish(ctx context.Context, m *nats.Msg) error {
+	if err := validateOutbound(m.Data); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	nc, err := l.connection(ctx)
+	if err != nil {
+		return err
+	}
+	size := int64(len(m.Data) + headerSize(m.Header))
+	if limit := nc.MaxPayload(); size > limit {
+		return &MessageTooLargeError{Size: size, MaxPayload: limit}
+	}
+	if err := nc.PublishMsg(m); err != nil {
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			l.mu.Lock()
+			closed := l.closed
+			l.mu.Unlock()
+			if closed {
+				return ErrClosed
+			}
+		}
+		return fmt.Errorf("channels_nats: cannot publish on %s: %w", m.Subject, redactErr(err))
+	}
+	l.counters.published.Add(1)
+	return nil
+}
+
+// PendingReceive is a receive waiting for a message (see StartReceive).
+type PendingReceive struct {
+	l *Layer
+	w *waiter
+}
+
+// Cancel withdraws the receive. It reports true when the receive was still waiting: its callback
+// will never run. False means a message or an error was already handed to the callback, which
+// runs (or ran) anyway; a host that no longer wants that message must PutBack it (S14).
+func (p *PendingReceive) Cancel() bool {
+	l := p.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !p.w.mb.removeWaiter(p.w) {
+		return false
+	}
+	l.readerLeft(p.w.mb, time.Now(), true)
+	return true
+}
+
+// StartReceive begins a receive on channel. When a message is waiting it is returned at once
+// with a nil *PendingReceive. Otherwise deliver is called exactly once, later, from a library
+// goroutine, with the next message or with the error that ended the receive (ErrClosed), unless
+// Cancel returns true first. deliver must not block and must not call Close.
+//
+// ctx bounds only the wait for the channel's subscription, on the first receive of a plain
+// channel (S1). A process channel must belong to this client (*ForeignChannelError, S12); the
+// name "X!" of this client receives every process channel message that has no mailbox of its
+// own (S13).
+func (l *Layer) StartReceive(ctx context.Context, channel string, deliver func(Message, error)) (Message, *PendingReceive, error) {
+	if err := ValidateChannelName(channel); err != nil {
+		return Message{}, nil, err
+	}
+	key := channelKey(channel)
+	if nonLocal, _, ok := strings.Cut(channel, "!"); ok {
+		if !l.owns(channel) {
+			return Message{}, nil, &ForeignChannelError{channel}
+		}
+		key = processKey(nonLocal)
+	}
+	for {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return Message{}, nil, ErrClosed
+		}
+		now := time.Now()
+		mb := l.mailboxLocked(channel, now)
+		s, err := l.want(key)
+		if err != nil {
+			l.mu.Unlock()
+			return Message{}, nil, err
+		}
+		if s.confirmed {
+			msg, p := l.takeOrWait(mb, now, deliver)
+			l.mu.Unlock()
+			return msg, p, nil
+		}
+		mb.subscribing++
+		l.mu.Unlock()
+		err = l.confirm(ctx, s)
+		l.mu.Lock()
+		mb.subscribing--
+		if err != nil {
+			if mb.plain && mb.idle() {
+				l.scheduleRelease(mb) // no one will read what its subscription takes
+			}
+			l.mu.Unlock()
+			return Message{}, nil, err
+		}
+		l.mu.Unlock()
+	}
+}
+
+// takeOrWait returns the oldest live message of mb, or registers a waiter. l.mu must be held.
+func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, error)) (Message, *PendingReceive) {
+	mb.readAt = now
+	e, ok, expired := mb.pop(now, l.cfg.Expiry)
+	l.countExpired(expired)
+	if ok {
+		l.counters.delivered.Add(1)
+		return Message{Body: e.body, mb: mb, at: e.at}, nil
+	}
+	w := &waiter{mb: mb, deliver: deliver, listed: true}
+	mb.waiters = append(mb.waiters, w)
+	return Message{}, &PendingReceive{l, w}
+}
+
+// readerLeft updates mb when a receive stops waiting, with a message or cancelled. l.mu must be held.
+func (l *Layer) readerLeft(mb *mailbox, now time.Time, cancelled bool) {
+	mb.readAt = now
+	if len(mb.waiters) == 0 {
+		mb.activeAt = now // the idle grace starts now (S5)
+	}
+	if cancelled && mb.plain && mb.idle() {
+		l.scheduleRelease(mb)
+	}
+}
+
+// ReceiveRaw waits for the next message on channel and returns its body (see StartReceive and
+// Message.Body). When ctx ends first it returns ctx.Err() and loses nothing: a message handed
+// over at that moment goes back to the front of its mailbox (S14).
+func (l *Layer) ReceiveRaw(ctx context.Context, channel string) ([]byte, error) {
+	type result struct {
+		msg Message
+		err error
+	}
+	got := make(chan result, 1)
+	msg, pending, err := l.StartReceive(ctx, channel, func(m Message, err error) { got <- result{m, err} })
+	if err != nil || pending == nil {
+		return msg.Body, err
+	}
+	select {
+	case r := <-got:
+		return r.msg.Body, r.err
+	case <-ctx.Done():
+		if !pending.Cancel() {
+			if r := <-got; r.err == nil {
+				l.PutBack(r.msg)
+			}
+		}
+		return nil, ctx.Err()
+	}
+}
+
+// Receive is ReceiveRaw with the body decoded into a map of its own.
+func (l *Layer) Receive(ctx context.Context, channel string) (map[string]any, error) {
+	body, err := l.ReceiveRaw(ctx, channel)
+	if err != nil {
+		return nil, err
+	}
+	return DecodeMessage(body)
+}
+
+// PutBack returns a received message that its receiver could not take (its task was cancelled,
+// its event loop closed) to the front of its mailbox, or to the next waiting receive (S14). If
+// the plain channel was released meanwhile, the message is re-published on its subject.
+func (l *Layer) PutBack(msg Message) {
+	mb := msg.mb
+	if mb == nil {
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.counters.delivered.Add(^uint64(0)) // it was counted when it was handed over
+	if l.mailboxes[mb.name] != mb && mb.plain {
+		nc := l.nc
+		l.mu.Unlock()
+		l.handBack(nc, l.subj.channel(mb.name), [][]byte{msg.Body})
+		return
+	}
+	if cur := l.mailboxes[mb.name]; cur != nil {
+		mb = cur
+	} else {
+		l.counters.noMailbox.Add(1)
+		l.mu.Unlock()
+		return
+	}
+	if w := mb.takeWaiter(); w != nil {
+		now := time.Now()
+		l.readerLeft(mb, now, false)
+		l.counters.delivered.Add(1)
+		l.routines.Add(1)
+		go func() { // callbacks run on library goroutines, never on the caller's
+			defer l.routines.Done()
+			w.deliver(Message{Body: msg.Body, mb: mb, at: msg.at}, nil)
+		}()
+	} else {
+		mb.pushFront(entry{msg.at, msg.Body})
+	}
+	l.mu.Unlock()
+}
+
+// mailboxLocked returns the mailbox of name, creating it. l.mu must be held.
+func (l *Layer) mailboxLocked(name string, now time.Time) *mailbox {
+	if mb := l.mailboxes[name]; mb != nil {
+		return mb
+	}
+	mb := newMailbox(name, l.cfg.capacityOf(name), now)
+	l.mailboxes[name] = mb
+	return mb
+}
+
+// NewChannel returns a new process channel name, "<prefix>.<client id>!<32 hex>" (prefix ""
+// means "specific"), with its mailbox ready: messages sent to it from now on are kept until
+// received, expired or reclaimed (S5). It returns after the server confirmed the process
+// subscription (S1).
+func (l *Layer) NewChannel(ctx context.Context, prefix string) (string, error) {
+	if prefix == "" {
+		prefix = "specific"
+	}
+	if err := validatePrefix(prefix); err != nil {
+		return "", err
+	}
+	nonLocal := prefix + "." + l.clientID
+	name := nonLocal + "!" + randomHex(16)
+	if err := ValidateChannelName(name); err != nil {
+		return "", err
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return "", ErrClosed
+	}
+	s, err := l.want(processKey(nonLocal))
+	if err != nil {
+		l.mu.Unlock()
+		return "", err
+	}
+	mb := l.mailboxLocked(name, time.Now())
+	mb.subscribing++
+	l.mu.Unlock()
+	err = l.confirm(ctx, s)
+	l.mu.Lock()
+	mb.subscribing--
+	l.mu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+// GroupAdd makes channel a member of group in this client (S18: membership lives here). It
+// returns after the server confirmed the group subscription (S1). Adding a member twice is not
+// an error. If ctx ends first, a membership this call made is rolled back.
+func (l *Layer) GroupAdd(ctx context.Context, group, channel string) error {
+	if err := ValidateGroupName(group); err != nil {
+		return err
+	}
+	if err := ValidateChannelName(channel); err != nil {
+		return err
+	}
+	nonLocal, _, process := strings.Cut(channel, "!")
+	if process && !l.owns(channel) {
+		return &ForeignChannelError{channel}
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	now := time.Now()
+	mb := l.mailboxLocked(channel, now)
+	g := l.groups[group]
+	if g == nil {
+		g = &groupMembers{process: map[string]*mailbox{}, plain: map[string]*mailbox{}}
+		l.groups[group] = g
+	}
+	members := g.plain
+	if process {
+		members = g.process
+	}
+	_, already := members[channel]
+	if !already {
+		members[channel] = mb
+		mb.groups++
+		mb.readAt = now
+	}
+	keys := [2]subKey{memberKey(group, channel), channelKey(channel)}
+	if process {
+		keys = [2]subKey{groupKey(group), processKey(nonLocal)}
+	}
+	var subs []*subscription
+	var err error
+	for _, k := range keys {
+		var s *subscription
+		if s, err = l.want(k); err != nil {
+			break
+		}
+		subs = append(subs, s)
+	}
+	mb.subscribing++
+	l.mu.Unlock()
+	if err == nil {
+		err = l.confirm(ctx, subs...)
+	}
+	l.mu.Lock()
+	mb.subscribing--
+	if err != nil && !already {
+		l.removeMember(group, channel)
+	}
+	l.mu.Unlock()
+	return err
+}
+
+// GroupDiscard removes channel from group in this client. Removing a channel that is not a
+// member is not an error. It does not wait on the network.
+func (l *Layer) GroupDiscard(group, channel string) error {
+	if err := ValidateGroupName(group); err != nil {
+		return err
+	}
+	if err := ValidateChannelName(channel); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	l.removeMember(group, channel)
+	return nil
+}
+
+// removeMember ends a membership and drops the subscriptions only it needed. l.mu must be held.
+func (l *Layer) removeMember(name, channel string) bool {
+	g := l.groups[name]
+	if g == nil {
+		return false
+	}
+	members := g.plain
+	if IsProcessChannel(channel) {
+		members = g.process
+	}
+	mb, ok := members[channel]
+	if !ok {
+		return false
+	}
+	delete(members, channel)
+	mb.groups--
+	if g.size() == 0 {
+		delete(l.groups, name)
+	}
+	if !mb.plain {
+		if len(g.process) == 0 {
+			l.drop(groupKey(name))
+		}
+		return true
+	}
+	l.drop(memberKey(name, channel))
+	if mb.idle() {
+		l.scheduleRelease(mb)
+	}
+	return true
+}
+
+// Flush resets this client's state (S15): mailboxes, memberships and subscriptions. Receives
+// that are waiting keep waiting on emptied mailboxes, with the subscriptions they need. It does
+// not wait on the network and does not fail on a dead connection.
+func (l *Layer) Flush() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	kept := map[string]*mailbox{}
+	keptProcesses := map[string]bool{}
+	for name, mb := range l.mailboxes {
+		clear(mb.entries)
+		mb.entries, mb.groups, mb.dropping = nil, 0, false
+		l.drops.recovered("capacity", name)
+		if len(mb.waiters) == 0 && mb.subscribing == 0 {
+			mb.discharged = true
+			continue
+		}
+		kept[name] = mb
+		if nonLocal, _, ok := strings.Cut(name, "!"); ok {
+			keptProcesses[nonLocal] = true
+		}
+	}
+	l.mailboxes, l.groups = kept, map[string]*groupMembers{}
+	for k := range l.subs {
+		needed := k.kind == subProcess && keptProcesses[k.name] || k.kind == subChannel && kept[k.name] != nil
+		if !needed {
+			l.drop(k)
+		}
+	}
+	return nil
+}
+
+// scheduleRelease releases plain channel mailbox mb after ReleaseLinger if it is still idle then
+// (S6). l.mu must be held.
+func (l *Layer) scheduleRelease(mb *mailbox) {
+	if mb.lingering || mb.discharged {
+		return
+	}
+	mb.lingering = true
+	time.AfterFunc(l.cfg.ReleaseLinger, func() {
+		l.mu.Lock()
+		mb.lingering = false
+		if l.closed || mb.discharged || !mb.idle() {
+			l.mu.Unlock()
+			return
+		}
+		bodies := l.release(mb, time.Now())
+		nc := l.nc
+		l.mu.Unlock()
+		if len(bodies) > 0 {
+			l.handBack(nc, l.subj.channel(mb.name), bodies)
+		}
+	})
+}
+
+// release removes plain channel mailbox mb and its subscription and returns the messages it still
+// held, to be handed back (S6). l.mu must be held.
+func (l *Layer) release(mb *mailbox, now time.Time) [][]byte {
+	l.discard(mb, now)
+	l.drop(channelKey(mb.name))
+	bodies := make([][]byte, len(mb.entries))
+	for i, e := range mb.entries {
+		bodies[i] = e.body
+	}
+	mb.entries = nil
+	return bodies
+}
+
+// discard removes mb from the layer, counting what expired in it. l.mu must be held.
+func (l *Layer) discard(mb *mailbox, now time.Time) {
+	l.countExpired(mb.dropExpired(now, l.cfg.Expiry))
+	delete(l.mailboxes, mb.name)
+	mb.discharged = true
+	l.drops.recovered("capacity", mb.name)
+}
