@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"sort"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Config configures a Layer. The zero value of every field means "use the default"; Connect
@@ -190,42 +193,65 @@ func (r *CapacityRule) compile() error {
 // globToRegexp translates a pattern the way Python's fnmatch.translate does, so the same
 // channel_capacity setting means the same in every host language.
 func globToRegexp(glob string) string {
+	pat := []rune(glob)
 	var b strings.Builder
 	b.WriteString(`^(?s:`)
-	for i := 0; i < len(glob); i++ {
-		switch c := glob[i]; c {
+	for i := 0; i < len(pat); i++ {
+		switch c := pat[i]; c {
 		case '*':
 			b.WriteString(`.*`)
 		case '?':
 			b.WriteString(`.`)
 		case '[':
-			end := strings.IndexByte(glob[i+1:], ']')
-			if end == 0 && i+2 < len(glob) { // "[]...]": a leading ']' is a member
-				if e := strings.IndexByte(glob[i+2:], ']'); e >= 0 {
-					end = e + 1
-				} else {
-					end = -1
-				}
+			// As fnmatch: "!" negates, a "]" right after "[" or "[!" is a member, and a "["
+			// without its "]" is a literal.
+			j := i + 1
+			if j < len(pat) && pat[j] == '!' {
+				j++
 			}
-			if end < 0 {
+			if j < len(pat) && pat[j] == ']' {
+				j++
+			}
+			for j < len(pat) && pat[j] != ']' {
+				j++
+			}
+			if j >= len(pat) {
 				b.WriteString(`\[`)
 				continue
 			}
-			set := glob[i+1 : i+1+end]
-			i += 1 + end
-			b.WriteByte('[')
-			if strings.HasPrefix(set, "!") {
-				b.WriteByte('^')
-				set = set[1:]
-			}
-			b.WriteString(strings.ReplaceAll(set, `\`, `\\`))
-			b.WriteByte(']')
+			writeClass(&b, pat[i+1:j])
+			i = j
 		default:
 			b.WriteString(regexp.QuoteMeta(string(c)))
 		}
 	}
 	b.WriteString(`)$`)
 	return b.String()
+}
+
+// writeClass writes the members of a glob "[...]" set as a regexp class.
+func writeClass(b *strings.Builder, set []rune) {
+	switch {
+	case len(set) == 0:
+		b.WriteString(`[^\x00-\x{10FFFF}]`) // "[]" never matches, as in fnmatch
+		return
+	case len(set) == 1 && set[0] == '!':
+		b.WriteString(`.`)
+		return
+	}
+	b.WriteByte('[')
+	if set[0] == '!' {
+		b.WriteByte('^')
+		set = set[1:]
+	}
+	for _, r := range set {
+		// Escape every punctuation rune but "-", which keeps its range meaning.
+		if r != '-' && r < utf8.RuneSelf && !unicode.IsLetter(r) && !unicode.IsDigit(r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	b.WriteByte(']')
 }
 
 // capacityOf returns the capacity of the mailbox for channel name.
@@ -326,7 +352,7 @@ func (s *seconds) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return errors.New("a duration must be a number of seconds")
 	}
-	*s = seconds(f * float64(time.Second))
+	*s = seconds(math.Round(f * float64(time.Second)))
 	return nil
 }
 

@@ -16,6 +16,7 @@ type FrameError struct {
 	Reason string
 }
 
+// Error says what is wrong and where.
 func (e *FrameError) Error() string {
 	return fmt.Sprintf("not a Channels message: %s (at byte %d)", e.Reason, e.Offset)
 }

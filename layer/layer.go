@@ -34,6 +34,7 @@ type MessageTooLargeError struct {
 	Size, MaxPayload int64
 }
 
+// Error gives both sizes and the two ways out.
 func (e *MessageTooLargeError) Error() string {
 	return fmt.Sprintf("message is %d bytes on the wire, over the server's max_payload of %d; "+
 		"raise max_payload on nats-server or send less", e.Size, e.MaxPayload)
@@ -48,6 +49,7 @@ type ForeignChannelError struct {
 	Channel string
 }
 
+// Error names the channel and why it cannot be received here.
 func (e *ForeignChannelError) Error() string {
 	return e.Channel + " belongs to another client; only the layer whose new_channel() made a process channel can receive on it"
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"regexp"
 	"sync"
 	"time"
@@ -89,19 +88,14 @@ func (r *dropReporter) recovered(kind, name string) uint64 {
 	return s.count
 }
 
-var urlInText = regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.-]*://[^\s"',]+`)
+// userInfo matches the user information of a URL ("nats://user:password@" or "nats://token@"),
+// wherever the URL stands in a text.
+var userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]*@`)
 
 // redact replaces the user information of every URL in text, so credentials given in server
 // URLs never reach a log record or an error message.
 func redact(text string) string {
-	return urlInText.ReplaceAllStringFunc(text, func(raw string) string {
-		u, err := url.Parse(raw)
-		if err != nil || u.User == nil {
-			return raw
-		}
-		u.User = url.User("redacted")
-		return u.String()
-	})
+	return userInfo.ReplaceAllString(text, "${1}redacted@")
 }
 
 func redactErr(err error) error {

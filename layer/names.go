@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // maxNameLength mirrors Channels' BaseChannelLayer.MAX_NAME_LENGTH: names must be shorter than this.
@@ -17,6 +18,7 @@ type NameError struct {
 	Rule string
 }
 
+// Error names the refused name and the rule it breaks.
 func (e *NameError) Error() string {
 	return fmt.Sprintf("invalid %s name %q: %s", e.Kind, e.Name, e.Rule)
 }
@@ -48,7 +50,7 @@ func checkSubjectPart(kind, name, part string) error {
 // subject, only the Channel header, so Channels' rule applies: word characters, '-', '_' and '.'.
 func checkLocalPart(name, local string) error {
 	for _, r := range local {
-		if r == '-' || r == '_' || r == '.' || unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r) {
+		if r == '-' || r == '_' || r == '.' || unicode.IsLetter(r) || unicode.IsNumber(r) { // Python's \w
 			continue
 		}
 		return &NameError{"channel", name, fmt.Sprintf("character %q is not allowed after '!'", r)}
@@ -58,7 +60,7 @@ func checkLocalPart(name, local string) error {
 
 // ValidateChannelName checks a channel name: Channels' rules plus what NATS subjects need.
 func ValidateChannelName(name string) error {
-	if len(name) >= maxNameLength {
+	if utf8.RuneCountInString(name) >= maxNameLength {
 		return &NameError{"channel", name, fmt.Sprintf("it must be shorter than %d characters", maxNameLength)}
 	}
 	nonLocal, local, isProcess := strings.Cut(name, "!")
