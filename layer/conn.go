@@ -225,7 +225,13 @@ func (l *Layer) replaceConnection() error {
 func (l *Layer) connectionClosed(nc *nats.Conn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || nc != l.nc || l.recovering {
+	if l.closed || nc != l.nc {
+		return
+	}
+	for _, s := range l.subs {
+		s.confirmed = false // until the new connection confirms it again (S1)
+	}
+	if l.recovering {
 		return
 	}
 	l.recovering = true

@@ -205,9 +205,12 @@ func (l *Layer) Close() error {
 	return nil
 }
 
-// drain lets buffered publishes go out, bounded by the drain timeout, then closes nc.
+// drain lets buffered publishes go out, bounded by the drain timeout, then closes nc. What could
+// not go out is logged.
 func (l *Layer) drain(nc *nats.Conn, closed <-chan struct{}) {
 	timeout := l.cfg.Connection.DrainTimeout
+	// Measured first: a drain that fails (while reconnecting, say) closes the connection itself.
+	pending, _ := nc.Buffered()
 	err := nc.Drain()
 	if err == nil {
 		select {
@@ -217,13 +220,15 @@ func (l *Layer) drain(nc *nats.Conn, closed <-chan struct{}) {
 			err = fmt.Errorf("not drained within %s", timeout)
 		}
 	}
-	if nc.IsClosed() {
-		return
+	if n, bufErr := nc.Buffered(); bufErr == nil {
+		pending = n
 	}
-	lost, _ := nc.Buffered()
 	nc.Close()
+	if errors.Is(err, nats.ErrConnectionClosed) && pending == 0 {
+		return // closed for good earlier: nothing was waiting to go out
+	}
 	l.log(LevelWarning, fmt.Sprintf("channels_nats: could not drain the connection on close (%s); "+
-		"closed it instead, %d byte(s) of publishes did not go out", redact(err.Error()), lost))
+		"closed it instead, %d byte(s) of publishes did not go out", redact(err.Error()), pending))
 }
 
 // Stats returns the counters (S20).
