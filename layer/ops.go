@@ -147,6 +147,9 @@ func (l *Layer) StartReceive(ctx context.Context, channel string, deliver func(M
 	if err := ValidateChannelName(channel); err != nil {
 		return Message{}, nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return Message{}, nil, err
+	}
 	key := channelKey(channel)
 	if nonLocal, _, ok := strings.Cut(channel, "!"); ok {
 		if !l.owns(channel) {
@@ -311,6 +314,9 @@ func (l *Layer) NewChannel(ctx context.Context, prefix string) (string, error) {
 	if err := validatePrefix(prefix); err != nil {
 		return "", err
 	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
 	nonLocal := prefix + "." + l.clientID
 	name := nonLocal + "!" + randomHex(16)
 	if err := ValidateChannelName(name); err != nil {
@@ -352,6 +358,9 @@ func (l *Layer) GroupAdd(ctx context.Context, group, channel string) error {
 	nonLocal, _, process := strings.Cut(channel, "!")
 	if process && !l.owns(channel) {
 		return &ForeignChannelError{channel}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	l.mu.Lock()
 	if l.closed {
@@ -397,6 +406,9 @@ func (l *Layer) GroupAdd(ctx context.Context, group, channel string) error {
 	mb.subscribing--
 	if err != nil && !already {
 		l.removeMember(group, channel)
+	}
+	if mb.plain && mb.idle() {
+		l.scheduleRelease(mb) // a Flush overtook the membership: nobody reads this channel
 	}
 	l.mu.Unlock()
 	return err
