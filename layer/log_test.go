@@ -81,34 +81,10 @@ func TestRedactErr(t *testing.T) {
 	}
 }
 
-type logRecord struct {
-	level Level
-	msg   string
-}
-
-type logRecorder struct {
-	mu      sync.Mutex
-	records []logRecord
-}
-
-func (l *logRecorder) log(level Level, msg string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.records = append(l.records, logRecord{level, msg})
-}
-
-func (l *logRecorder) take() []logRecord {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r := l.records
-	l.records = nil
-	return r
-}
-
 func describeDrops(total uint64) string { return fmt.Sprintf("dropped %d", total) }
 
 func TestDropReporter(t *testing.T) {
-	var rec logRecorder
+	var rec logSink
 	r := newDropReporter(rec.log)
 	if r.interval != DropLogInterval || DropLogInterval != 60*time.Second {
 		t.Fatalf("interval = %v (DropLogInterval %v), want 60s (SPEC S3)", r.interval, DropLogInterval)
@@ -167,7 +143,7 @@ func TestDropReporter(t *testing.T) {
 }
 
 func TestDropReporterKeys(t *testing.T) {
-	var rec logRecorder
+	var rec logSink
 	r := newDropReporter(rec.log)
 	r.interval = time.Minute
 	now := time.Unix(1700000000, 0)
@@ -198,7 +174,7 @@ func TestDropReporterKeys(t *testing.T) {
 }
 
 func TestDropReporterConcurrent(t *testing.T) {
-	var rec logRecorder
+	var rec logSink
 	r := newDropReporter(rec.log)
 	now := time.Unix(1700000000, 0)
 	var wg sync.WaitGroup

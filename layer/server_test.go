@@ -128,16 +128,22 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// logRecord is one record a logSink collected.
+type logRecord struct {
+	level Level
+	msg   string
+}
+
 // logSink collects log records so tests can assert on warnings.
 type logSink struct {
 	mu      sync.Mutex
-	records []string
+	records []logRecord
 }
 
 func (r *logSink) log(level Level, message string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.records = append(r.records, fmt.Sprintf("%d %s", level, message))
+	r.records = append(r.records, logRecord{level, message})
 }
 
 // count returns how many records contain every one of parts.
@@ -148,7 +154,7 @@ func (r *logSink) count(parts ...string) int {
 next:
 	for _, rec := range r.records {
 		for _, p := range parts {
-			if !strings.Contains(rec, p) {
+			if !strings.Contains(rec.msg, p) {
 				continue next
 			}
 		}
@@ -157,10 +163,24 @@ next:
 	return n
 }
 
+// all returns every record, one a line, for failure messages.
 func (r *logSink) all() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return strings.Join(r.records, "\n")
+	lines := make([]string, len(r.records))
+	for i, rec := range r.records {
+		lines[i] = fmt.Sprintf("%d %s", rec.level, rec.msg)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// take returns the records collected so far and forgets them.
+func (r *logSink) take() []logRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	taken := r.records
+	r.records = nil
+	return taken
 }
 
 // testConfig is a Config for server urls with a recorder for its logs.
