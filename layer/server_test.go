@@ -146,15 +146,19 @@ func (r *logSink) log(level Level, message string) {
 	r.records = append(r.records, logRecord{level, message})
 }
 
-// count returns how many records contain every one of parts.
+// line is a record as "<level> <message>", so tests can match the level as text too.
+func (rec logRecord) line() string { return fmt.Sprintf("%d %s", rec.level, rec.msg) }
+
+// count returns how many records contain every one of parts (in their line form).
 func (r *logSink) count(parts ...string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
 next:
 	for _, rec := range r.records {
+		line := rec.line()
 		for _, p := range parts {
-			if !strings.Contains(rec.msg, p) {
+			if !strings.Contains(line, p) {
 				continue next
 			}
 		}
@@ -169,7 +173,7 @@ func (r *logSink) all() string {
 	defer r.mu.Unlock()
 	lines := make([]string, len(r.records))
 	for i, rec := range r.records {
-		lines[i] = fmt.Sprintf("%d %s", rec.level, rec.msg)
+		lines[i] = rec.line()
 	}
 	return strings.Join(lines, "\n")
 }
