@@ -122,7 +122,7 @@ func (l *Layer) enqueue(mb *mailbox, body []byte, now time.Time, sc *routeScratc
 	if w := mb.takeWaiter(); w != nil {
 		l.readerLeft(mb, now, false)
 		l.counters.delivered.Add(1)
-		sc.handoffs = append(sc.handoffs, handoff{w, Message{Body: body, mb: mb, at: now}})
+		sc.handoffs = append(sc.handoffs, handoff{w, Message{Body: body, Channel: mb.name, mb: mb, at: now}})
 		return
 	}
 	if len(mb.entries) >= mb.capacity {

@@ -16,6 +16,9 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
+// Version is the version of this library, reported by the C ABI too.
+const Version = "0.1.0"
+
 // Errors returned by the Layer. Errors about names are *NameError, about bodies *FrameError.
 var (
 	// ErrClosed ends every call made after Close, and every receive that was waiting when Close ran.

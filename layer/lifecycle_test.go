@@ -2115,3 +2115,37 @@ func TestLifecycleNoWait(t *testing.T) {
 	}
 	p.Cancel()
 }
+
+// TestLifecyclePutBackByChannelName: a host that kept only the channel name and the body (the C
+// ABI) can put a message back; it is received first.
+func TestLifecyclePutBackByChannelName(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	ctx := ctxT(t, 10*time.Second)
+	ch, err := a.NewChannel(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Send(ctx, ch, map[string]any{"n": 2}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the message in the mailbox", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.mailboxes[ch].entries) == 1
+	})
+	first, err := encodeMessage(map[string]any{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.PutBack(Message{Channel: ch, Body: first})
+	for want := 1; want <= 2; want++ {
+		m, err := a.Receive(ctx, ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := m["n"].(int8); int(n) != want {
+			t.Fatalf("got %v, want n=%d", m, want)
+		}
+	}
+}

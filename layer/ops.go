@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -15,6 +16,8 @@ type Message struct {
 	// Body is the msgpack map as it arrived. Group members in one process share it: read it,
 	// copy it or decode it, never modify it.
 	Body []byte
+	// Channel is the name the receive was made on.
+	Channel string
 
 	mb *mailbox
 	at time.Time
@@ -198,7 +201,7 @@ func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, err
 	l.countExpired(expired)
 	if ok {
 		l.counters.delivered.Add(1)
-		return Message{Body: e.body, mb: mb, at: e.at}, nil
+		return Message{Body: e.body, Channel: mb.name, mb: mb, at: e.at}, nil
 	}
 	w := &waiter{mb: mb, deliver: deliver, listed: true}
 	mb.waiters = append(mb.waiters, w)
@@ -253,44 +256,57 @@ func (l *Layer) Receive(ctx context.Context, channel string) (map[string]any, er
 
 // PutBack returns a received message that its receiver could not take (its task was cancelled,
 // its event loop closed) to the front of its mailbox, or to the next waiting receive (S14). If
-// the plain channel was released meanwhile, the message is re-published on its subject.
+// the plain channel was released meanwhile, the message is re-published on its subject. A host
+// that kept only the body and the channel name may pass Message{Channel: name, Body: body}.
 func (l *Layer) PutBack(msg Message) {
-	mb := msg.mb
-	if mb == nil {
-		return
+	name, at := msg.Channel, msg.at
+	if msg.mb != nil {
+		name = msg.mb.name
+	}
+	if at.IsZero() {
+		at = time.Now()
 	}
 	l.mu.Lock()
-	if l.closed {
+	if l.closed || name == "" {
 		l.mu.Unlock()
 		return
 	}
-	l.counters.delivered.Add(^uint64(0)) // it was counted when it was handed over
-	if l.mailboxes[mb.name] != mb && mb.plain {
+	uncount(&l.counters.delivered) // it was counted when it was handed over
+	mb := l.mailboxes[name]
+	released := msg.mb != nil && mb != msg.mb && msg.mb.plain
+	if released || mb == nil && !IsProcessChannel(name) {
 		nc := l.nc
 		l.mu.Unlock()
-		l.handBack(nc, l.subj.channel(mb.name), [][]byte{msg.Body})
+		l.handBack(nc, l.subj.channel(name), [][]byte{msg.Body})
 		return
 	}
-	if cur := l.mailboxes[mb.name]; cur != nil {
-		mb = cur
-	} else {
+	if mb == nil {
 		l.counters.noMailbox.Add(1)
 		l.mu.Unlock()
 		return
 	}
 	if w := mb.takeWaiter(); w != nil {
-		now := time.Now()
-		l.readerLeft(mb, now, false)
+		l.readerLeft(mb, time.Now(), false)
 		l.counters.delivered.Add(1)
 		l.routines.Add(1)
 		go func() { // callbacks run on library goroutines, never on the caller's
 			defer l.routines.Done()
-			w.deliver(Message{Body: msg.Body, mb: mb, at: msg.at}, nil)
+			w.deliver(Message{Body: msg.Body, Channel: name, mb: mb, at: at}, nil)
 		}()
 	} else {
-		mb.pushFront(entry{msg.at, msg.Body})
+		mb.pushFront(entry{at, msg.Body})
 	}
 	l.mu.Unlock()
+}
+
+// uncount takes one back from a counter, never below zero.
+func uncount(c *atomic.Uint64) {
+	for {
+		n := c.Load()
+		if n == 0 || c.CompareAndSwap(n, n-1) {
+			return
+		}
+	}
 }
 
 // mailboxLocked returns the mailbox of name, creating it. l.mu must be held.
