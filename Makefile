@@ -9,7 +9,7 @@ GOTESTFLAGS ?=
 FUZZTIME    ?= 8s
 
 .DEFAULT_GOAL := help
-.PHONY: help server lint-go test-go fuzz-smoke fuzz test clean
+.PHONY: help server lib lint-go test-go fuzz-smoke fuzz test clean
 
 help: ## List the targets
 	@echo "Targets:"
@@ -20,6 +20,9 @@ help: ## List the targets
 server: ## Build build/nats-server from the nats-server module pinned in go.mod
 	@mkdir -p $(BUILD)
 	$(GO) build -o $(BUILD)/nats-server github.com/nats-io/nats-server/v2
+
+lib: ## Build the C library and header for this machine into build/<goos>-<goarch>/
+	capi/build.sh
 
 # The Go files to check with gofmt: everything except build output, VCS data and testdata.
 GO_FILES = $(shell find . \( -name .git -o -name $(BUILD) -o -name testdata -o -name .venv \) -prune \
@@ -73,7 +76,6 @@ clean: ## Remove build/
 	rm -rf $(BUILD)
 
 # Planned targets, added by later issues (not defined yet, on purpose):
-#   lib     build the C shared library (capi/, -buildmode=c-shared) and copy include/channels_nats.h
 #   demo    build the library and nats-server, then run the Django chat example against them
 #   bench   run the benchmarks against the reference layer, channels_redis and the in-memory layer
 #   wheels  build and check the platform wheels of the Python package

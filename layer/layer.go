@@ -63,8 +63,9 @@ func (e *ForeignChannelError) Is(target error) bool { return target == ErrForeig
 type noWaitKey struct{}
 
 // NoWait returns a context under which calls that would wait on the network (a subscription
-// confirmation, a reconnect) return ErrWouldBlock at once instead. Hosts use it to finish an
-// operation on the calling thread when it can be finished without waiting.
+// confirmation, a reconnect) return ErrWouldBlock at once instead, having changed nothing. Hosts
+// use it to finish an operation on the calling thread when it can be finished without waiting,
+// and to start it on another thread otherwise.
 func NoWait(ctx context.Context) context.Context { return context.WithValue(ctx, noWaitKey{}, true) }
 
 func mustNotWait(ctx context.Context) bool { return ctx.Value(noWaitKey{}) != nil }

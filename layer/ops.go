@@ -166,6 +166,10 @@ func (l *Layer) StartReceive(ctx context.Context, channel string, deliver func(M
 			l.mu.Unlock()
 			return Message{}, nil, ErrClosed
 		}
+		if l.wouldWait(ctx, key) {
+			l.mu.Unlock()
+			return Message{}, nil, ErrWouldBlock
+		}
 		now := time.Now()
 		mb := l.mailboxLocked(channel, now)
 		s, err := l.want(key)
@@ -343,6 +347,10 @@ func (l *Layer) NewChannel(ctx context.Context, prefix string) (string, error) {
 		l.mu.Unlock()
 		return "", ErrClosed
 	}
+	if l.wouldWait(ctx, processKey(nonLocal)) {
+		l.mu.Unlock()
+		return "", ErrWouldBlock
+	}
 	s, err := l.want(processKey(nonLocal))
 	if err != nil {
 		l.mu.Unlock()
@@ -378,10 +386,18 @@ func (l *Layer) GroupAdd(ctx context.Context, group, channel string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	keys := [2]subKey{memberKey(group, channel), channelKey(channel)}
+	if process {
+		keys = [2]subKey{groupKey(group), processKey(nonLocal)}
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
 		return ErrClosed
+	}
+	if l.wouldWait(ctx, keys[:]...) {
+		l.mu.Unlock()
+		return ErrWouldBlock
 	}
 	now := time.Now()
 	mb := l.mailboxLocked(channel, now)
@@ -399,10 +415,6 @@ func (l *Layer) GroupAdd(ctx context.Context, group, channel string) error {
 		members[channel] = mb
 		mb.groups++
 		mb.readAt = now
-	}
-	keys := [2]subKey{memberKey(group, channel), channelKey(channel)}
-	if process {
-		keys = [2]subKey{groupKey(group), processKey(nonLocal)}
 	}
 	var subs []*subscription
 	var err error

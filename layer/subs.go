@@ -77,6 +77,21 @@ func (l *Layer) want(k subKey) (*subscription, error) {
 	return s, nil
 }
 
+// wouldWait reports whether making the subscriptions of keys usable needs a round trip, when ctx
+// asks not to wait (NoWait): callers then return ErrWouldBlock before changing anything.
+// l.mu must be held.
+func (l *Layer) wouldWait(ctx context.Context, keys ...subKey) bool {
+	if !mustNotWait(ctx) {
+		return false
+	}
+	for _, k := range keys {
+		if s := l.subs[k]; s == nil || !s.confirmed {
+			return true
+		}
+	}
+	return false
+}
+
 // drop unsubscribes k if the layer has it. l.mu must be held.
 func (l *Layer) drop(k subKey) {
 	s := l.subs[k]

@@ -1,0 +1,18 @@
+/* Declarations shared by the Go side of the C ABI (cgo preamble) and wrappers.c. Internal. */
+#ifndef CN_BRIDGE_H
+#define CN_BRIDGE_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include "channels_nats.h"
+
+/* Sets this thread's cn_last_error() text. */
+void bridge_set_last_error(const char *text);
+
+/* Call a host callback; marks the thread as inside a callback meanwhile. Go cannot call C
+   function pointers directly. */
+void bridge_invoke(cn_callback callback, uintptr_t closure, cn_status status, const char *text,
+               const uint8_t *data, size_t len);
+void bridge_invoke_log(cn_log_callback callback, uintptr_t closure, int level, const char *message);
+
+#endif

@@ -1,0 +1,441 @@
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../include
+#include <stdlib.h>
+#include "bridge.h"
+*/
+import "C"
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"unsafe"
+
+	"github.com/channels-nats/channels-nats/layer"
+)
+
+// The cngo_* functions implement the cn_* functions of include/channels_nats.h, whose comments
+// are the contract; wrappers.c calls them after its fork check. Closures arrive as uintptr_t so
+// that Go never holds a host pointer as a pointer.
+
+//export cngo_connect
+func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintptr_t,
+	cb C.cn_callback, closure C.uintptr_t, out *C.cn_client) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if out == nil {
+		return fail(argError("client must not be NULL"))
+	}
+	*out = 0
+	doc, err := goString(configJSON, "config_json", false)
+	if err != nil {
+		return fail(err)
+	}
+	if doc == "" {
+		doc = "{}"
+	}
+	cfg, err := layer.ParseConfig([]byte(doc))
+	if err == nil {
+		cfg, err = cfg.WithDefaults()
+	}
+	if err != nil {
+		return fail(configError{err})
+	}
+	c := &client{id: nextHandle(), log: log, logClosure: logClosure, ops: map[uint64]*op{}}
+	cfg.Log = c.logRecord
+	ctx, cancel := context.WithCancel(context.Background())
+	c.connecting = cancel
+	clients.Store(c.id, c)
+	*out = C.cn_client(c.id)
+
+	connect := func() error {
+		l, err := layer.Connect(ctx, cfg)
+		c.mu.Lock()
+		c.connecting = nil
+		if err == nil && c.closing {
+			err = layer.ErrClosed
+			defer l.Close()
+		}
+		if err != nil {
+			c.mu.Unlock()
+			clients.Delete(c.id)
+			cancel()
+			if errors.Is(err, context.Canceled) {
+				return layer.ErrClosed // only close cancels a connect
+			}
+			return connectError{err}
+		}
+		c.layer = l
+		c.mu.Unlock()
+		cancel()
+		return nil
+	}
+	if cb == nil {
+		return result(connect())
+	}
+	c.running.Add(1)
+	go func() {
+		defer c.running.Done()
+		defer recoverInGoroutine(c)
+		err := connect()
+		var text *C.char
+		if err != nil {
+			text = C.CString(errorText(err))
+			defer C.free(unsafe.Pointer(text))
+		}
+		C.bridge_invoke(cb, closure, statusOf(err), text, nil, 0)
+	}()
+	return C.CN_PENDING
+}
+
+//export cngo_close
+func cngo_close(h C.cn_client, cb C.cn_callback, closure C.uintptr_t) (st C.cn_status) {
+	defer recoverStatus(&st)
+	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return fail(layer.ErrClosed)
+	}
+	c.closing = true
+	c.mu.Unlock()
+	if cb == nil {
+		c.close()
+		return C.CN_OK
+	}
+	go func() {
+		defer recoverInGoroutine(c)
+		c.close()
+		C.bridge_invoke(cb, closure, C.CN_OK, nil, nil, 0)
+	}()
+	return C.CN_PENDING
+}
+
+// publish is cn_send and cn_group_send: at once on a healthy connection, else pending.
+func publish(h C.cn_client, name *C.char, what string, body *C.uint8_t, n C.size_t, cb C.cn_callback,
+	closure C.uintptr_t, opOut *C.cn_op, send func(*layer.Layer, context.Context, string, []byte) error) C.cn_status {
+	if opOut != nil {
+		*opOut = 0
+	}
+	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	l, err := c.connected()
+	if err != nil {
+		return fail(err)
+	}
+	target, err := goString(name, what, true)
+	if err != nil {
+		return fail(err)
+	}
+	data, err := cBytes(body, n, "body")
+	if err != nil {
+		return fail(err)
+	}
+	// nats.go copies the body into its write buffer, so the C memory is only read during the call.
+	err = send(l, layer.NoWait(context.Background()), target, data)
+	if !errors.Is(err, layer.ErrWouldBlock) {
+		return result(err)
+	}
+	data = append([]byte(nil), data...) // the caller may reuse its buffer once we return
+	if cb == nil {
+		return result(send(l, context.Background(), target, data))
+	}
+	o, err := c.start(cb, closure)
+	if err != nil {
+		return fail(err)
+	}
+	o.run(func() { o.finish(send(l, o.ctx, target, data), "", nil) })
+	if opOut != nil {
+		*opOut = C.cn_op(o.id)
+	}
+	return C.CN_PENDING
+}
+
+//export cngo_send
+func cngo_send(h C.cn_client, channel *C.char, body *C.uint8_t, n C.size_t, cb C.cn_callback,
+	closure C.uintptr_t, opOut *C.cn_op) (st C.cn_status) {
+	defer recoverStatus(&st)
+	return publish(h, channel, "channel", body, n, cb, closure, opOut, (*layer.Layer).SendRaw)
+}
+
+//export cngo_group_send
+func cngo_group_send(h C.cn_client, group *C.char, body *C.uint8_t, n C.size_t, cb C.cn_callback,
+	closure C.uintptr_t, opOut *C.cn_op) (st C.cn_status) {
+	defer recoverStatus(&st)
+	return publish(h, group, "group", body, n, cb, closure, opOut, (*layer.Layer).GroupSendRaw)
+}
+
+// cCopy returns a malloc'ed copy of b, which the host frees with cn_free.
+func cCopy(b []byte) *C.uint8_t {
+	if len(b) == 0 {
+		return (*C.uint8_t)(C.malloc(1)) // never NULL on success
+	}
+	return (*C.uint8_t)(C.CBytes(b))
+}
+
+//export cngo_receive
+func cngo_receive(h C.cn_client, channel *C.char, cb C.cn_callback, closure C.uintptr_t,
+	bodyOut **C.uint8_t, lenOut *C.size_t, opOut *C.cn_op) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if opOut != nil {
+		*opOut = 0
+	}
+	if bodyOut == nil || lenOut == nil {
+		return fail(argError("body and len must not be NULL"))
+	}
+	*bodyOut, *lenOut = nil, 0
+	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	l, err := c.connected()
+	if err != nil {
+		return fail(err)
+	}
+	name, err := goString(channel, "channel", true)
+	if err != nil {
+		return fail(err)
+	}
+	ready := func(body []byte) C.cn_status {
+		*bodyOut, *lenOut = cCopy(body), C.size_t(len(body))
+		return C.CN_OK
+	}
+	if cb == nil {
+		body, err := l.ReceiveRaw(context.Background(), name)
+		if err != nil {
+			return fail(err)
+		}
+		return ready(body)
+	}
+	o, err := c.start(cb, closure)
+	if err != nil {
+		return fail(err)
+	}
+	msg, pending, err := l.StartReceive(layer.NoWait(context.Background()), name, o.deliver(l))
+	switch {
+	case errors.Is(err, layer.ErrWouldBlock): // the channel's subscription is not confirmed yet
+		o.run(func() {
+			msg, pending, err := l.StartReceive(o.ctx, name, o.deliver(l))
+			switch {
+			case err != nil:
+				o.finish(err, "", nil)
+			case pending != nil:
+				o.waitFor(pending)
+			case !o.finish(nil, "", msg.Body):
+				l.PutBack(msg)
+			}
+		})
+	case err != nil:
+		o.state.Store(opWithdrawn)
+		o.unregister()
+		return fail(err)
+	case pending == nil:
+		o.state.Store(opWithdrawn)
+		o.unregister()
+		return ready(msg.Body)
+	default:
+		o.waitFor(pending)
+	}
+	if opOut != nil {
+		*opOut = C.cn_op(o.id)
+	}
+	return C.CN_PENDING
+}
+
+//export cngo_put_back
+func cngo_put_back(h C.cn_client, channel *C.char, body *C.uint8_t, n C.size_t) (st C.cn_status) {
+	defer recoverStatus(&st)
+	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	l, err := c.connected()
+	if err != nil {
+		return fail(err)
+	}
+	name, err := goString(channel, "channel", true)
+	if err != nil {
+		return fail(err)
+	}
+	if err := layer.ValidateChannelName(name); err != nil {
+		return fail(err)
+	}
+	data, err := cBytes(body, n, "body")
+	if err != nil {
+		return fail(err)
+	}
+	l.PutBack(layer.Message{Channel: name, Body: append([]byte(nil), data...)})
+	return C.CN_OK
+}
+
+// pendingOrNow runs a call that may wait on the network: at once when it need not wait, on the
+// calling thread when cb is NULL, else as a pending operation whose callback gets text().
+func pendingOrNow(c *client, cb C.cn_callback, closure C.uintptr_t, opOut *C.cn_op,
+	call func(ctx context.Context) (string, error), done func(text string)) C.cn_status {
+	text, err := call(layer.NoWait(context.Background()))
+	if !errors.Is(err, layer.ErrWouldBlock) {
+		if err == nil {
+			done(text)
+		}
+		return result(err)
+	}
+	if cb == nil {
+		text, err := call(context.Background())
+		if err == nil {
+			done(text)
+		}
+		return result(err)
+	}
+	o, err := c.start(cb, closure)
+	if err != nil {
+		return fail(err)
+	}
+	o.run(func() {
+		text, err := call(o.ctx)
+		o.finish(err, text, nil)
+	})
+	if opOut != nil {
+		*opOut = C.cn_op(o.id)
+	}
+	return C.CN_PENDING
+}
+
+//export cngo_new_channel
+func cngo_new_channel(h C.cn_client, prefix *C.char, cb C.cn_callback, closure C.uintptr_t,
+	channelOut **C.char, opOut *C.cn_op) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if opOut != nil {
+		*opOut = 0
+	}
+	if channelOut == nil {
+		return fail(argError("channel must not be NULL"))
+	}
+	*channelOut = nil
+	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	l, err := c.connected()
+	if err != nil {
+		return fail(err)
+	}
+	p, err := goString(prefix, "prefix", false)
+	if err != nil {
+		return fail(err)
+	}
+	return pendingOrNow(c, cb, closure, opOut,
+		func(ctx context.Context) (string, error) { return l.NewChannel(ctx, p) },
+		func(name string) { *channelOut = C.CString(name) })
+}
+
+//export cngo_group_add
+func cngo_group_add(h C.cn_client, group, channel *C.char, cb C.cn_callback, closure C.uintptr_t,
+	opOut *C.cn_op) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if opOut != nil {
+		*opOut = 0
+	}
+	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	l, err := c.connected()
+	if err != nil {
+		return fail(err)
+	}
+	g, err := goString(group, "group", true)
+	if err != nil {
+		return fail(err)
+	}
+	ch, err := goString(channel, "channel", true)
+	if err != nil {
+		return fail(err)
+	}
+	return pendingOrNow(c, cb, closure, opOut,
+		func(ctx context.Context) (string, error) { return "", l.GroupAdd(ctx, g, ch) },
+		func(string) {})
+}
+
+//export cngo_group_discard
+func cngo_group_discard(h C.cn_client, group, channel *C.char) (st C.cn_status) {
+	defer recoverStatus(&st)
+	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	l, err := c.connected()
+	if err != nil {
+		return fail(err)
+	}
+	g, err := goString(group, "group", true)
+	if err != nil {
+		return fail(err)
+	}
+	ch, err := goString(channel, "channel", true)
+	if err != nil {
+		return fail(err)
+	}
+	return result(l.GroupDiscard(g, ch))
+}
+
+//export cngo_flush
+func cngo_flush(h C.cn_client) (st C.cn_status) {
+	defer recoverStatus(&st)
+	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	l, err := c.connected()
+	if err != nil {
+		return fail(err)
+	}
+	return result(l.Flush())
+}
+
+//export cngo_cancel
+func cngo_cancel(h C.cn_client, id C.cn_op) (st C.cn_status) {
+	defer recoverStatus(&st)
+	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	if id == 0 {
+		return fail(errInvalidHandle)
+	}
+	c.mu.Lock()
+	o := c.ops[uint64(id)]
+	c.mu.Unlock()
+	if o == nil || !o.withdraw() {
+		return fail(errNotPending)
+	}
+	return C.CN_OK
+}
+
+//export cngo_stats
+func cngo_stats(h C.cn_client, out **C.char) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if out == nil {
+		return fail(argError("json must not be NULL"))
+	}
+	*out = nil
+	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	l, err := c.connected()
+	if err != nil {
+		return fail(err)
+	}
+	doc, err := json.Marshal(l.Stats())
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.CString(string(doc))
+	return C.CN_OK
+}

@@ -1,0 +1,214 @@
+package main
+
+/*
+#include "bridge.h"
+*/
+import "C"
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/channels-nats/channels-nats/layer"
+)
+
+// Handles of clients and operations come from one counter, so no handle is ever reused and a
+// handle below the counter that is not registered was closed.
+var (
+	lastHandle atomic.Uint64
+	clients    sync.Map // uint64 -> *client
+)
+
+func nextHandle() uint64 { return lastHandle.Add(1) }
+
+// client is one cn_client: a layer.Layer once connected, its pending operations and its log sink.
+type client struct {
+	id         uint64
+	log        C.cn_log_callback
+	logClosure C.uintptr_t
+	silenced   atomic.Bool // set when close finished: no log record may reach the host after
+
+	mu         sync.Mutex
+	layer      *layer.Layer       // nil while connecting
+	connecting context.CancelFunc // cancels a connect in progress
+	closing    bool
+	ops        map[uint64]*op
+
+	running sync.WaitGroup // goroutines that may still call back: connect and pending operations
+}
+
+// lookup finds a client by handle.
+func lookup(h C.cn_client) (*client, error) {
+	id := uint64(h)
+	if id == 0 || id > lastHandle.Load() {
+		return nil, errInvalidHandle
+	}
+	v, ok := clients.Load(id)
+	if !ok {
+		return nil, layer.ErrClosed
+	}
+	return v.(*client), nil
+}
+
+// connected returns the client's layer, or why it cannot be used now.
+func (c *client) connected() (*layer.Layer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closing:
+		return nil, layer.ErrClosed
+	case c.layer == nil:
+		return nil, errConnecting
+	}
+	return c.layer, nil
+}
+
+// logRecord passes a layer log record to the host's log callback.
+func (c *client) logRecord(level layer.Level, message string) {
+	if c.log == nil || c.silenced.Load() {
+		return
+	}
+	text := C.CString(message)
+	defer C.free(unsafe.Pointer(text))
+	C.bridge_invoke_log(c.log, c.logClosure, C.int(level), text)
+}
+
+// op is a pending operation: its callback runs exactly once unless it is withdrawn first.
+type op struct {
+	id      uint64
+	c       *client
+	cb      C.cn_callback
+	closure C.uintptr_t
+	state   atomic.Int32
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	mu      sync.Mutex
+	receive *layer.PendingReceive // a receive waiting in its mailbox
+}
+
+const (
+	opPending int32 = iota
+	opFinished
+	opWithdrawn
+)
+
+// start registers a pending operation; it fails once the client is closing.
+func (c *client) start(cb C.cn_callback, closure C.uintptr_t) (*op, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	o := &op{id: nextHandle(), c: c, cb: cb, closure: closure, ctx: ctx, cancel: cancel}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing {
+		cancel()
+		return nil, layer.ErrClosed
+	}
+	c.ops[o.id] = o
+	return o, nil
+}
+
+// unregister forgets o in its client.
+func (o *op) unregister() {
+	o.cancel()
+	o.c.mu.Lock()
+	delete(o.c.ops, o.id)
+	o.c.mu.Unlock()
+}
+
+// finish reports the result through the callback, unless the operation was withdrawn; it
+// reports whether the callback ran.
+func (o *op) finish(err error, text string, data []byte) bool {
+	if !o.state.CompareAndSwap(opPending, opFinished) {
+		return false
+	}
+	o.unregister()
+	st := statusOf(err)
+	if err != nil {
+		text = errorText(err)
+	}
+	var ctext *C.char
+	if text != "" {
+		ctext = C.CString(text)
+		defer C.free(unsafe.Pointer(ctext))
+	}
+	var cdata *C.uint8_t
+	if len(data) > 0 {
+		// Go memory without pointers may be lent to C for the duration of the call.
+		cdata = (*C.uint8_t)(unsafe.Pointer(&data[0]))
+	}
+	C.bridge_invoke(o.cb, o.closure, st, ctext, cdata, C.size_t(len(data)))
+	return true
+}
+
+// withdraw cancels a pending operation: true when its callback will not run.
+func (o *op) withdraw() bool {
+	if !o.state.CompareAndSwap(opPending, opWithdrawn) {
+		return false
+	}
+	o.unregister()
+	o.mu.Lock()
+	pr := o.receive
+	o.mu.Unlock()
+	if pr != nil {
+		pr.Cancel() // false: the message is on its way to deliver(), which puts it back
+	}
+	return true
+}
+
+// deliver is the layer's callback for a waiting receive.
+func (o *op) deliver(l *layer.Layer) func(layer.Message, error) {
+	return func(m layer.Message, err error) {
+		if !o.finish(err, "", m.Body) && err == nil {
+			l.PutBack(m) // withdrawn while the message was handed over: nothing is lost (S14)
+		}
+	}
+}
+
+// waitFor attaches a receive that is now waiting in its mailbox, or withdraws it again when the
+// operation was cancelled meanwhile.
+func (o *op) waitFor(pr *layer.PendingReceive) {
+	o.mu.Lock()
+	o.receive = pr
+	o.mu.Unlock()
+	if o.state.Load() == opWithdrawn {
+		pr.Cancel()
+	}
+}
+
+// go runs f for o on a library goroutine that close waits for.
+func (o *op) run(f func()) {
+	o.c.running.Add(1)
+	go func() {
+		defer o.c.running.Done()
+		defer recoverInGoroutine(o.c)
+		f()
+	}()
+}
+
+// close ends the client: every pending operation ends with CN_CLOSED, and when it returns no
+// callback of the client runs any more.
+func (c *client) close() {
+	c.mu.Lock()
+	l, abandon := c.layer, c.connecting
+	c.mu.Unlock()
+	if abandon != nil {
+		abandon()
+	}
+	if l != nil {
+		_ = l.Close() // waiting receives end with ErrClosed through their callbacks
+	}
+	c.mu.Lock()
+	left := make([]*op, 0, len(c.ops))
+	for _, o := range c.ops {
+		left = append(left, o)
+	}
+	c.mu.Unlock()
+	for _, o := range left {
+		o.finish(layer.ErrClosed, "", nil)
+	}
+	c.running.Wait()
+	c.silenced.Store(true)
+	clients.Delete(c.id)
+}

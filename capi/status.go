@@ -1,0 +1,151 @@
+package main
+
+/*
+#include "bridge.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+	"unsafe"
+
+	"github.com/channels-nats/channels-nats/layer"
+	"github.com/nats-io/nats.go"
+)
+
+var (
+	errInvalidHandle = errors.New("not a client handle of this library")
+	errConnecting    = errors.New("the client is still connecting; wait for its connect callback")
+	errNotPending    = errors.New("the operation had already finished")
+)
+
+// argError is a bad argument (CN_INVALID_ARG).
+type argError string
+
+func (e argError) Error() string { return string(e) }
+
+// configError is a bad configuration document (CN_INVALID_CONFIG).
+type configError struct{ err error }
+
+func (e configError) Error() string { return e.err.Error() }
+
+// connectError is a connect that reached no server (CN_NO_SERVER).
+type connectError struct{ err error }
+
+func (e connectError) Error() string { return e.err.Error() }
+func (e connectError) Unwrap() error { return e.err }
+
+// internalError is a recovered panic (CN_INTERNAL).
+type internalError struct{ value any }
+
+func (e internalError) Error() string { return fmt.Sprintf("internal error: %v", e.value) }
+
+// statusOf maps an error of the layer or of this shim to its status code.
+func statusOf(err error) C.cn_status {
+	var (
+		nameErr  *layer.NameError
+		frameErr *layer.FrameError
+		argErr   argError
+		cfgErr   configError
+		connErr  connectError
+		panicErr internalError
+	)
+	switch {
+	case err == nil:
+		return C.CN_OK
+	case errors.As(err, &argErr):
+		return C.CN_INVALID_ARG
+	case errors.As(err, &cfgErr):
+		return C.CN_INVALID_CONFIG
+	case errors.As(err, &nameErr):
+		return C.CN_INVALID_NAME
+	case errors.As(err, &frameErr):
+		return C.CN_INVALID_MESSAGE
+	case errors.Is(err, layer.ErrMessageTooLarge):
+		return C.CN_MESSAGE_TOO_LARGE
+	case errors.Is(err, layer.ErrForeignChannel):
+		return C.CN_FOREIGN_CHANNEL
+	case errors.Is(err, errInvalidHandle):
+		return C.CN_INVALID_HANDLE
+	case errors.Is(err, layer.ErrClosed):
+		return C.CN_CLOSED
+	case errors.Is(err, context.Canceled):
+		return C.CN_CANCELLED
+	case errors.Is(err, errNotPending):
+		return C.CN_NOT_PENDING
+	case errors.Is(err, errConnecting):
+		return C.CN_ILLEGAL_STATE
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		return C.CN_TIMEOUT
+	case errors.As(err, &connErr):
+		return C.CN_NO_SERVER
+	case errors.As(err, &panicErr):
+		return C.CN_INTERNAL
+	}
+	return C.CN_ERR
+}
+
+// errorText is the text a failure shows in cn_last_error() and callbacks.
+func errorText(err error) string { return err.Error() }
+
+// fail records err as this thread's last error and returns its status.
+func fail(err error) C.cn_status {
+	text := C.CString(errorText(err))
+	C.bridge_set_last_error(text)
+	C.free(unsafe.Pointer(text))
+	return statusOf(err)
+}
+
+// result turns the outcome of a call into its status, recording the error if any.
+func result(err error) C.cn_status {
+	if err == nil {
+		return C.CN_OK
+	}
+	return fail(err)
+}
+
+// recoverStatus turns a panic in an export into CN_INTERNAL instead of killing the host.
+func recoverStatus(st *C.cn_status) {
+	if r := recover(); r != nil {
+		*st = fail(internalError{r})
+	}
+}
+
+// recoverInGoroutine keeps a panic in a library goroutine from killing the host; it is logged.
+func recoverInGoroutine(c *client) {
+	if r := recover(); r != nil {
+		c.logRecord(layer.LevelError, internalError{r}.Error())
+	}
+}
+
+// goString copies a C string argument, which must be valid UTF-8; name says which argument.
+func goString(p *C.char, name string, required bool) (string, error) {
+	if p == nil {
+		if required {
+			return "", argError(name + " must not be NULL")
+		}
+		return "", nil
+	}
+	s := C.GoString(p)
+	if !utf8.ValidString(s) {
+		return "", argError(name + " is not valid UTF-8")
+	}
+	return s, nil
+}
+
+// cBytes lends a C buffer to Go without copying; valid only during the call.
+func cBytes(p *C.uint8_t, n C.size_t, name string) ([]byte, error) {
+	if p == nil {
+		return nil, argError(name + " must not be NULL")
+	}
+	if n == 0 {
+		return []byte{}, nil
+	}
+	if uint64(n) > 1<<40 {
+		return nil, argError(name + " length is not plausible")
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n)), nil
+}

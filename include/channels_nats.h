@@ -1,0 +1,282 @@
+/*
+ * channels_nats.h - the C ABI of channels-nats, a Django Channels channel layer on NATS.
+ *
+ * One library (libchannels_nats.so / .dylib / channels_nats.dll) holds the whole layer:
+ * connection, reconnection, subscriptions, mailboxes, capacity, expiry, groups and
+ * cancellation. C, Rust and the Python package all use it through the functions below, and every
+ * program that uses the same NATS server and subject prefix joins the same layer.
+ *
+ * Conventions
+ * -----------
+ * - Every function name starts with cn_. Every function returns a cn_status, except the three
+ *   accessors cn_status_text(), cn_last_error() and cn_version(), and cn_free().
+ * - Strings are NUL-terminated UTF-8. Invalid UTF-8 is refused with CN_INVALID_ARG.
+ * - Message bodies are msgpack maps with string keys, exactly as they travel on the wire (see
+ *   "Wire contract" in the README). The library checks them (CN_INVALID_MESSAGE).
+ * - Handles (cn_client, cn_op) are integers; 0 is never a valid handle. Handles are not reused.
+ * - Inputs are copied before a call returns: the caller may free or reuse them at once.
+ * - Memory the library returns through an out-parameter (char **, uint8_t **) belongs to the
+ *   caller, who must release it with cn_free() and nothing else (the library may use another C
+ *   runtime than the host, as on Windows).
+ * - Data passed to a callback is valid only during the callback. Copy what you keep.
+ *
+ * Finishing at once, or later
+ * ---------------------------
+ * Operations that may wait on the network take a cn_callback and a closure:
+ * - If the operation can finish without waiting, it finishes during the call: it returns CN_OK
+ *   (or an error) and fills its out-parameters; the callback is not called.
+ * - Otherwise it returns CN_PENDING, stores an operation handle in *op (when op is not NULL), and
+ *   the callback is called exactly once, later, on a library thread, with the result - unless
+ *   cn_cancel() withdrew the operation first.
+ * - If callback is NULL, the call waits on the calling thread until the operation finishes and
+ *   never returns CN_PENDING. Such a waiting call is refused with CN_ILLEGAL_STATE when it is made
+ *   from inside a callback of this library for receive, connect and close, because the thread it
+ *   would block delivers the results it waits for.
+ *
+ * Threads
+ * -------
+ * All functions may be called from any thread, concurrently. Callbacks run on threads the
+ * library owns. A client delivers received messages from one dispatch thread, in arrival order
+ * (a message returned with cn_put_back() may be delivered from another thread). A callback must
+ * return quickly: while it runs, this client delivers nothing else. A callback may call any
+ * function of this library, with the limits above.
+ *
+ * After cn_close() has returned CN_OK (waiting form) or has called its callback (pending form),
+ * no callback of that client runs any more, and the client handle is invalid (CN_CLOSED).
+ *
+ * Processes
+ * ---------
+ * A process forked after the library was loaded cannot use it: every call in the child returns
+ * CN_FORKED at once, without entering the library. Load the library (or create the channel
+ * layer) in the worker process after the fork, or use a spawn start method.
+ */
+#ifndef CHANNELS_NATS_H
+#define CHANNELS_NATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32) && defined(CN_BUILDING_LIBRARY)
+#define CN_EXTERN __declspec(dllexport)
+#elif defined(_WIN32)
+#define CN_EXTERN __declspec(dllimport)
+#else
+#define CN_EXTERN
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes. cn_status_text() names each; cn_last_error() gives the detail of a failure. */
+typedef enum {
+    CN_OK = 0,               /* done */
+    CN_PENDING = 1,          /* continues; the callback reports the result */
+    CN_ERR = 2,              /* failed for a reason not listed below; see cn_last_error() */
+    CN_INVALID_ARG = 3,      /* a NULL pointer where one is not allowed, invalid UTF-8, a bad length */
+    CN_INVALID_CONFIG = 4,   /* the configuration document is not valid JSON or has an unknown key or bad value */
+    CN_INVALID_NAME = 5,     /* a channel, group or prefix name the layer refuses */
+    CN_INVALID_MESSAGE = 6,  /* the body is not a msgpack map with string keys, or uses the reserved key */
+    CN_MESSAGE_TOO_LARGE = 7,/* body and headers exceed the server's max_payload; nothing was sent */
+    CN_FOREIGN_CHANNEL = 8,  /* receive or group_add on a process channel of another client */
+    CN_INVALID_HANDLE = 9,   /* 0, or a handle this library never issued */
+    CN_CLOSED = 10,          /* the client is closed, or was closed while the operation waited */
+    CN_CANCELLED = 11,       /* the operation was cancelled (only when waiting on the calling thread) */
+    CN_NOT_PENDING = 12,     /* cn_cancel(): the operation had already finished; its callback runs or ran */
+    CN_ILLEGAL_STATE = 13,   /* not possible now: the client is still connecting, or a waiting call from a callback */
+    CN_NO_SERVER = 14,       /* connect: no server of the list could be reached */
+    CN_TIMEOUT = 15,         /* a bounded wait (connect_timeout, flush_timeout) ran out */
+    CN_FORKED = 16,          /* called in a process forked after the library was loaded */
+    CN_INTERNAL = 17         /* a bug in the library was caught; the process can go on */
+} cn_status;
+
+/* A connected client: one NATS connection and its channel-layer state. 0 is invalid. */
+typedef uint64_t cn_client;
+
+/* A pending operation, for cn_cancel(). 0 is invalid. */
+typedef uint64_t cn_op;
+
+/* Log levels, the same numbers as Python's logging module. */
+enum { CN_LOG_DEBUG = 10, CN_LOG_INFO = 20, CN_LOG_WARNING = 30, CN_LOG_ERROR = 40 };
+
+/*
+ * The completion callback of a pending operation.
+ *   closure  the pointer given with the operation, unchanged.
+ *   status   CN_OK, or the error that ended the operation (CN_CLOSED when the client was closed).
+ *   text     on failure, the error detail; on success, the operation's text result (the channel
+ *            name for cn_new_channel), or NULL. Valid during the call only.
+ *   data,len on success of cn_receive, the message body; otherwise NULL and 0. Valid during the
+ *            call only. A receiver that cannot use a message it got must return it with
+ *            cn_put_back(), or it is lost.
+ */
+typedef void (*cn_callback)(void *closure, cn_status status, const char *text,
+                            const uint8_t *data, size_t len);
+
+/*
+ * The log callback of a client: warnings about drops, reconnects and lost publishes (level is
+ * one of CN_LOG_*). message is valid during the call only. It may run on any library thread,
+ * also while the library holds internal locks: it must not call functions of this library.
+ */
+typedef void (*cn_log_callback)(void *closure, int level, const char *message);
+
+/* ---- Library ---------------------------------------------------------------------------- */
+
+/* The library version, e.g. "0.1.0". A static string: never free it. Never NULL. */
+CN_EXTERN const char *cn_version(void);
+
+/* The name of a status code, e.g. "CN_CLOSED: the client is closed". A static string: never
+   free it. An unknown code gives a text that says so. Never NULL. */
+CN_EXTERN const char *cn_status_text(cn_status status);
+
+/* The detail of the last call on this thread that failed, or "" when the last call succeeded.
+   Owned by the library and valid until the next call of this library on this thread. Never NULL.
+   Credentials from server URLs never appear in it. */
+CN_EXTERN const char *cn_last_error(void);
+
+/* Releases memory the library returned through an out-parameter. NULL is ignored. */
+CN_EXTERN void cn_free(void *ptr);
+
+/* ---- Clients ---------------------------------------------------------------------------- */
+
+/*
+ * Connects a new client.
+ *   config_json  the configuration: a JSON object with the keys of the Django CONFIG block,
+ *                e.g. {"servers": ["nats://127.0.0.1:4222"], "prefix": "channels"}. NULL or ""
+ *                means all defaults. Durations are seconds. An unknown key is CN_INVALID_CONFIG,
+ *                and cn_last_error() lists the known keys.
+ *   log, log_closure  where the client's log records go; log may be NULL (records are dropped).
+ *   callback, closure  completion; NULL waits for the connection on the calling thread.
+ *   client       required; receives the new handle at once, even when CN_PENDING is returned.
+ *                The handle can be used once the connection is made (CN_ILLEGAL_STATE before);
+ *                if the connection fails, it is released and later calls return CN_CLOSED.
+ * Returns CN_OK, CN_PENDING, CN_INVALID_ARG, CN_INVALID_CONFIG, CN_NO_SERVER, CN_TIMEOUT,
+ * CN_ILLEGAL_STATE (waiting form inside a callback), CN_FORKED, CN_INTERNAL.
+ * The callback reports CN_OK, CN_NO_SERVER, CN_TIMEOUT or CN_CLOSED (closed while connecting).
+ */
+CN_EXTERN cn_status cn_connect(const char *config_json, cn_log_callback log, void *log_closure,
+                               cn_callback callback, void *closure, cn_client *client);
+
+/*
+ * Closes a client: waiting receives and other pending operations end with CN_CLOSED through
+ * their callbacks, publishes still buffered are drained within drain_timeout, and the connection
+ * is closed. Closing never fails; what could not be sent is logged. Afterwards no callback of the
+ * client runs and the handle is invalid. A connect still in progress is abandoned.
+ *   callback, closure  completion (always CN_OK); NULL waits on the calling thread.
+ * Returns CN_OK, CN_PENDING, CN_INVALID_HANDLE, CN_CLOSED (already closed or closing),
+ * CN_ILLEGAL_STATE (waiting form inside a callback), CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_close(cn_client client, cn_callback callback, void *closure);
+
+/* ---- Messages --------------------------------------------------------------------------- */
+
+/*
+ * Sends a message to a channel: a process channel ("specific.<id>!<local>", of any client) or a
+ * plain channel name. Nothing is sent when an error is returned. A message sent to a channel
+ * nobody receives on is lost: delivery is at most once.
+ *   body, len  the msgpack map; required.
+ * Finishes at once unless the connection is being replaced after it was closed for good; then
+ * CN_PENDING (or the waiting form waits). A pending send that is cancelled may still have been
+ * published.
+ * Returns CN_OK, CN_PENDING, CN_INVALID_ARG, CN_INVALID_NAME, CN_INVALID_MESSAGE,
+ * CN_MESSAGE_TOO_LARGE, CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_ERR, CN_FORKED,
+ * CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_send(cn_client client, const char *channel, const uint8_t *body, size_t len,
+                            cn_callback callback, void *closure, cn_op *op);
+
+/*
+ * Sends a message to every member of a group, in every process: one publish, the server fans it
+ * out. A group without members is not an error. Otherwise as cn_send().
+ */
+CN_EXTERN cn_status cn_group_send(cn_client client, const char *group, const uint8_t *body,
+                                  size_t len, cn_callback callback, void *closure, cn_op *op);
+
+/*
+ * Receives the next message of a channel: a process channel this client made, the prefix of this
+ * client's process channels ("specific.<id>!", which gets every message of them that has no
+ * mailbox of its own), or a plain channel (the first receive subscribes to it).
+ * When a message is waiting, it is returned at once: CN_OK with *body and *len set (the caller
+ * frees *body with cn_free()). Otherwise CN_PENDING, and the callback gets the message.
+ *   body, len  required.
+ * cn_cancel() on a pending receive never loses a message: one already taken for it goes back to
+ * the front of the mailbox. A receive of a plain channel whose last reader was cancelled keeps its
+ * subscription for release_linger, so back-to-back receives with timeouts lose nothing.
+ * Returns CN_OK, CN_PENDING, CN_INVALID_ARG, CN_INVALID_NAME, CN_FOREIGN_CHANNEL,
+ * CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_ERR, CN_FORKED, CN_INTERNAL.
+ * The callback reports CN_OK (with data), CN_CLOSED, CN_TIMEOUT (subscription not confirmed) or
+ * CN_ERR.
+ */
+CN_EXTERN cn_status cn_receive(cn_client client, const char *channel, cn_callback callback,
+                               void *closure, uint8_t **body, size_t *len, cn_op *op);
+
+/*
+ * Returns a message that a receiver got but cannot use (its task was cancelled after the
+ * callback ran) to the front of the channel's mailbox, or to the next waiting receive.
+ *   channel  the channel it was received on; body, len  the message as received.
+ * Returns CN_OK, CN_INVALID_ARG, CN_INVALID_NAME, CN_INVALID_HANDLE, CN_CLOSED, CN_FORKED,
+ * CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_put_back(cn_client client, const char *channel, const uint8_t *body,
+                                size_t len);
+
+/* ---- Channels and groups ---------------------------------------------------------------- */
+
+/*
+ * Makes a new process channel of this client, "<prefix>.<client id>!<32 hex>", with its mailbox:
+ * messages sent to it from now on are kept until received, expired or reclaimed.
+ *   prefix   NULL or "" for "specific".
+ *   channel  required; on CN_OK receives the name (free it with cn_free()). With CN_PENDING the
+ *            callback gets the name as its text.
+ * Finishes at once when the client's process subscription is already confirmed by the server.
+ * Returns CN_OK, CN_PENDING, CN_INVALID_ARG, CN_INVALID_NAME, CN_INVALID_HANDLE, CN_CLOSED,
+ * CN_ILLEGAL_STATE, CN_TIMEOUT, CN_ERR, CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_new_channel(cn_client client, const char *prefix, cn_callback callback,
+                                   void *closure, char **channel, cn_op *op);
+
+/*
+ * Adds a channel to a group in this client. Adding a member twice is not an error. Finishes at
+ * once when the subscriptions it needs are already confirmed by the server. A pending group_add
+ * that is cancelled leaves no membership behind.
+ * Returns CN_OK, CN_PENDING, CN_INVALID_ARG, CN_INVALID_NAME, CN_FOREIGN_CHANNEL,
+ * CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_TIMEOUT, CN_ERR, CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_group_add(cn_client client, const char *group, const char *channel,
+                                 cn_callback callback, void *closure, cn_op *op);
+
+/* Removes a channel from a group in this client. Removing a non-member is not an error. Always
+   finishes at once. Returns CN_OK, CN_INVALID_ARG, CN_INVALID_NAME, CN_INVALID_HANDLE,
+   CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL. */
+CN_EXTERN cn_status cn_group_discard(cn_client client, const char *group, const char *channel);
+
+/* Resets this client's state: mailboxes, memberships and subscriptions. Receives that are waiting
+   keep waiting. Never waits on the network and never fails on a dead connection. Returns CN_OK,
+   CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL. */
+CN_EXTERN cn_status cn_flush(cn_client client);
+
+/* ---- Operations, statistics ------------------------------------------------------------- */
+
+/*
+ * Withdraws a pending operation. CN_OK: it was withdrawn and its callback will not run (a message
+ * already taken for a receive went back to its mailbox). CN_NOT_PENDING: it had already finished
+ * and its callback runs or ran. Cancelling a send does not unsend what was published.
+ * Returns CN_OK, CN_NOT_PENDING, CN_INVALID_HANDLE (unknown client or op 0), CN_CLOSED,
+ * CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_cancel(cn_client client, cn_op op);
+
+/*
+ * The client's counters as a JSON object: published, delivered, dropped (capacity, expired,
+ * slow_consumer, bad_frame, no_mailbox), handed_back, reconnects, recoveries, groups_expired,
+ * subscriptions, mailboxes, groups, connected, client_id.
+ *   json  required; receives the document (free it with cn_free()).
+ * Returns CN_OK, CN_INVALID_ARG, CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED,
+ * CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_stats(cn_client client, char **json);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CHANNELS_NATS_H */
