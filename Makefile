@@ -9,7 +9,7 @@ GOTESTFLAGS ?=
 FUZZTIME    ?= 8s
 
 .DEFAULT_GOAL := help
-.PHONY: help server lib lint-go test-go fuzz-smoke fuzz test clean
+.PHONY: help server lib lint-go test-go test-c examples fuzz-smoke fuzz test clean
 
 help: ## List the targets
 	@echo "Targets:"
@@ -40,7 +40,7 @@ lint-go: ## gofmt check (lists unformatted files) and go vet
 	fi
 	$(GO) vet ./...
 
-test-go: ## Go tests with the race detector (extra flags: GOTESTFLAGS=...)
+test-go: lib ## Go tests with the race detector (extra flags: GOTESTFLAGS=...)
 	$(GO) test -race -count=1 -timeout 12m $(GOTESTFLAGS) ./...
 
 # Every fuzz target of every package runs for FUZZTIME. Packages are found by grepping the
@@ -63,12 +63,24 @@ fuzz-smoke: ## Run every Go fuzz target for FUZZTIME (default 8s)
 fuzz: ## Long fuzz run: fuzz-smoke with FUZZTIME=2m per target
 	@$(MAKE) --no-print-directory fuzz-smoke FUZZTIME=2m
 
-test: ## The one test command: lint-go, test-go, fuzz-smoke (in that order)
-	@echo "==> [1/3] lint-go: gofmt and go vet"
+test-c: lib server ## The C harness against a real nats-server: checks, fork guard, valgrind, header as C++
+	bash capi/ctest/run.sh
+
+examples: lib server ## Build and run the C and Rust examples against a real nats-server
+	bash examples/run.sh
+
+test: ## The one test command: lint, Go race tests (layer and C ABI), C harness, examples, fuzz
+	@echo "==> [1/6] lint-go: gofmt and go vet"
 	@$(MAKE) --no-print-directory lint-go
-	@echo "==> [2/3] test-go: go test -race"
+	@echo "==> [2/6] lib, server: the C library and nats-server"
+	@$(MAKE) --no-print-directory lib server
+	@echo "==> [3/6] test-go: go test -race (layer/ and the C ABI through purego)"
 	@$(MAKE) --no-print-directory test-go
-	@echo "==> [3/3] fuzz-smoke: every fuzz target for $(FUZZTIME)"
+	@echo "==> [4/6] test-c: the C harness, fork guard and valgrind"
+	@$(MAKE) --no-print-directory test-c
+	@echo "==> [5/6] examples: C and Rust"
+	@$(MAKE) --no-print-directory examples
+	@echo "==> [6/6] fuzz-smoke: every fuzz target for $(FUZZTIME)"
 	@$(MAKE) --no-print-directory fuzz-smoke
 	@echo "==> all tests passed"
 

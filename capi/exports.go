@@ -50,29 +50,30 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 	*out = C.cn_client(c.id)
 
 	connect := func() error {
+		defer cancel()
 		l, err := layer.Connect(ctx, cfg)
 		c.mu.Lock()
+		defer c.mu.Unlock()
 		c.connecting = nil
-		if err == nil && c.closing {
-			err = layer.ErrClosed
-			defer l.Close()
-		}
-		if err != nil {
-			c.mu.Unlock()
-			clients.Delete(c.id)
-			cancel()
-			if errors.Is(err, context.Canceled) {
-				return layer.ErrClosed // only close cancels a connect
+		switch {
+		case c.closing: // close abandoned this connect; it finishes the client
+			if err == nil {
+				_ = l.Close()
 			}
+			return layer.ErrClosed
+		case err != nil:
+			clients.Delete(c.id)
 			return connectError{err}
 		}
 		c.layer = l
-		c.mu.Unlock()
-		cancel()
 		return nil
 	}
 	if cb == nil {
-		return result(connect())
+		if err := connect(); err != nil {
+			*out = 0
+			return fail(err)
+		}
+		return C.CN_OK
 	}
 	c.running.Add(1)
 	go func() {
