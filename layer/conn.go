@@ -125,8 +125,10 @@ func (l *Layer) asyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
 }
 
 // connection returns a usable connection. When the last one was closed for good it joins (or
-// starts) a reconnect attempt and waits for it within ctx.
-func (l *Layer) connection(ctx context.Context) (*nats.Conn, error) {
+// starts) a reconnect attempt and waits for it within ctx. A publish gives up after one failed
+// attempt (what it would send is lost anyway); a subscription (persist) keeps waiting for the
+// recovery until ctx ends, so a change made during the outage is restored, not dropped.
+func (l *Layer) connection(ctx context.Context, persist bool) (*nats.Conn, error) {
 	for {
 		l.mu.Lock()
 		if l.closed {
@@ -145,14 +147,25 @@ func (l *Layer) connection(ctx context.Context) (*nats.Conn, error) {
 		l.mu.Unlock()
 		select {
 		case <-a.done:
-			if a.err != nil {
-				return nil, a.err
-			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if a.err == nil {
+			continue
+		}
+		if !persist || errors.Is(a.err, ErrClosed) {
+			return nil, a.err
+		}
+		select { // the background recovery retries too; look again shortly
+		case <-time.After(retryPause):
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
 }
+
+// retryPause is how long a waiting subscription pauses between two failed reconnect attempts.
+const retryPause = 250 * time.Millisecond
 
 // reconnectAttempt is one try at replacing a connection that was closed for good. Concurrent
 // callers share it.

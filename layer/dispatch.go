@@ -52,7 +52,6 @@ func (l *Layer) route(m *nats.Msg) {
 		return // not ours: cannot happen with the subjects this layer subscribes to
 	}
 	kind, name, _ := strings.Cut(rest, ".")
-	now := time.Now()
 	sc := &l.scratch
 	defer sc.reset()
 	var handBack bool
@@ -62,6 +61,7 @@ func (l *Layer) route(m *nats.Msg) {
 		l.mu.Unlock()
 		return
 	}
+	now := time.Now() // the expiry clock starts in the mailbox, not while waiting for the lock (S4)
 	switch kind {
 	case "pc":
 		target := ""

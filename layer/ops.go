@@ -94,7 +94,7 @@ func (l *Layer) publish(ctx context.Context, m *nats.Msg) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	nc, err := l.connection(ctx)
+	nc, err := l.connection(ctx, false)
 	if err != nil {
 		return err
 	}

@@ -120,7 +120,7 @@ func (l *Layer) confirm(ctx context.Context, subs ...*subscription) error {
 	if mustNotWait(ctx) {
 		return ErrWouldBlock
 	}
-	nc, err := l.connection(ctx)
+	nc, err := l.connection(ctx, true)
 	if err != nil {
 		return err
 	}
