@@ -406,7 +406,7 @@ func cngo_cancel(h C.cn_client, id C.cn_op) (st C.cn_status) {
 	if err != nil {
 		return fail(err)
 	}
-	if id == 0 {
+	if id == 0 || uint64(id) > lastHandle.Load() {
 		return fail(errInvalidHandle)
 	}
 	c.mu.Lock()

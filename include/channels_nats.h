@@ -260,7 +260,8 @@ CN_EXTERN cn_status cn_flush(cn_client client);
  * Withdraws a pending operation. CN_OK: it was withdrawn and its callback will not run (a message
  * already taken for a receive went back to its mailbox). CN_NOT_PENDING: it had already finished
  * and its callback runs or ran. Cancelling a send does not unsend what was published.
- * Returns CN_OK, CN_NOT_PENDING, CN_INVALID_HANDLE (unknown client or op 0), CN_CLOSED,
+ * Returns CN_OK, CN_NOT_PENDING, CN_INVALID_HANDLE (unknown client, op 0 or an op handle this
+ * library never issued), CN_CLOSED,
  * CN_FORKED, CN_INTERNAL.
  */
 CN_EXTERN cn_status cn_cancel(cn_client client, cn_op op);

@@ -1,0 +1,1474 @@
+/*
+ * abi_check: the C harness of the channels-nats C ABI (include/channels_nats.h), run against a
+ * real nats-server.
+ *
+ *   abi_check NATS_URL                 run every check; exit 0 only when none failed
+ *   abi_check NATS_URL --leak-selftest  connect, make a channel, do NOT free its name, close:
+ *                                       run.sh runs it under valgrind and expects the name to be
+ *                                       reported as definitely lost (proves the suppressions do
+ *                                       not hide what the caller must free)
+ *
+ * Checks (in order): version/status texts; waiting and pending connect; connect failure (no
+ * credentials in the error); new_channel names; send + immediate receive; pending receive; a plain
+ * channel shared by two clients; group fan-out (one client, two clients); group_discard; cancel
+ * before delivery; put_back; stats; flush; every error status with cn_last_error(); waiting calls
+ * refused inside callbacks; cancel of an op never issued; the "specific.<id>!" prefix receive;
+ * close abandoning a connect; concurrent threads; a waiting receive ended by close; pending close
+ * ordering (receive callbacks before the close callback, nothing after); closing the clients.
+ *
+ * Output: one line per check, "ok   <name>" or "FAIL <name>: <detail>", then "N passed, M failed".
+ * Every pointer the library returns is released with cn_free(), so that valgrind reports no
+ * definitely/indirectly lost bytes. CTEST_TIMEOUT (seconds, default 90) bounds the whole run with
+ * alarm(); CTEST_SCALE (default 1) multiplies the short waits (slow runs under valgrind).
+ *
+ * Build: gcc -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -pedantic
+ *        -I build/<goos>-<goarch> abi_check.c -L build/<goos>-<goarch> -lchannels_nats -pthread
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "channels_nats.h"
+
+#define WHYLEN 512
+
+/* ---- small utilities ------------------------------------------------------------------- */
+
+static const char *g_url;
+static char g_prefix[64]; /* subject prefix of this run, so parallel runs never meet */
+static int g_scale = 1;
+static int g_passed, g_failed;
+
+static void sleep_ms(long ms) {
+    struct timespec ts;
+    ms *= g_scale;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (ms % 1000) * 1000000L;
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static void report(const char *name, int ok, const char *why) {
+    if (ok) {
+        printf("ok   %s\n", name);
+        g_passed++;
+    } else {
+        printf("FAIL %s: %s\n", name, why[0] ? why : "(no detail)");
+        g_failed++;
+    }
+    fflush(stdout);
+}
+
+/* Fails the current check with a formatted detail and jumps to its cleanup label "out". */
+#define REQUIRE(cond, ...)                                                                    \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            snprintf(why, WHYLEN, __VA_ARGS__);                                               \
+            goto out;                                                                         \
+        }                                                                                     \
+    } while (0)
+
+/* A call that must return want. */
+#define EXPECT_ST(call, want)                                                                 \
+    do {                                                                                      \
+        cn_status st_ = (call);                                                               \
+        REQUIRE(st_ == (want), "%s: got %d (%s), want %d; last_error=\"%s\"", #call, (int)st_, \
+                cn_status_text(st_), (int)(want), cn_last_error());                           \
+    } while (0)
+
+/* A call that must fail with want and leave a non-empty cn_last_error(). */
+#define EXPECT_FAIL(call, want)                                                               \
+    do {                                                                                      \
+        EXPECT_ST(call, want);                                                                \
+        REQUIRE(cn_last_error() != NULL && cn_last_error()[0] != '\0',                        \
+                "%s: cn_last_error() is empty after a failure", #call);                       \
+    } while (0)
+
+/* A call that must succeed and leave cn_last_error() == "". */
+#define EXPECT_OK(call)                                                                       \
+    do {                                                                                      \
+        EXPECT_ST(call, CN_OK);                                                               \
+        REQUIRE(cn_last_error() != NULL && cn_last_error()[0] == '\0',                        \
+                "%s: cn_last_error() is \"%s\" after a success", #call,                       \
+                cn_last_error() ? cn_last_error() : "(NULL)");                                \
+    } while (0)
+
+/* Builds the msgpack map {"type": "ctest", "text": <text>} into buf; returns its length. */
+static size_t make_body(uint8_t *buf, size_t cap, const char *text) {
+    size_t n = strlen(text), i = 0;
+    if (n > 255 || cap < n + 20) {
+        abort();
+    }
+    buf[i++] = 0x82;
+    buf[i++] = 0xa4;
+    memcpy(buf + i, "type", 4);
+    i += 4;
+    buf[i++] = 0xa5;
+    memcpy(buf + i, "ctest", 5);
+    i += 5;
+    buf[i++] = 0xa4;
+    memcpy(buf + i, "text", 4);
+    i += 4;
+    buf[i++] = 0xd9; /* str 8 */
+    buf[i++] = (uint8_t)n;
+    memcpy(buf + i, text, n);
+    i += n;
+    return i;
+}
+
+/* A message body together with its length. */
+typedef struct {
+    uint8_t data[320];
+    size_t len;
+} body_t;
+
+static body_t body_of(const char *text) {
+    body_t b;
+    b.len = make_body(b.data, sizeof b.data, text);
+    return b;
+}
+
+/* ---- completion recorder ---------------------------------------------------------------- */
+
+static pthread_mutex_t g_seq_mu = PTHREAD_MUTEX_INITIALIZER;
+static long g_seq;
+
+static long next_seq(void) {
+    long s;
+    pthread_mutex_lock(&g_seq_mu);
+    s = ++g_seq;
+    pthread_mutex_unlock(&g_seq_mu);
+    return s;
+}
+
+/* What a cn_callback reported; everything is copied inside the callback. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int calls;
+    cn_status status;
+    char text[256];
+    int has_text;
+    uint8_t *data; /* malloc'ed copy of the body, freed by result_destroy */
+    size_t len;
+    long seq; /* order of completion among all recorders */
+    /* optional work done inside the callback (check_callback_rules) */
+    cn_client inner_client;
+    const char *inner_channel;
+    cn_status inner_wait_receive, inner_wait_close, inner_wait_connect, inner_send;
+    int inner_error_set;
+} result_t;
+
+static void result_init(result_t *r) {
+    pthread_condattr_t ca;
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    r->status = (cn_status)-1;
+}
+
+static void result_destroy(result_t *r) {
+    free(r->data);
+    r->data = NULL;
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+}
+
+static void on_result(void *closure, cn_status status, const char *text, const uint8_t *data,
+                      size_t len) {
+    result_t *r = closure;
+    long seq = next_seq();
+    uint8_t *copy = NULL;
+    if (data != NULL && len > 0) {
+        copy = malloc(len);
+        if (copy == NULL) {
+            abort();
+        }
+        memcpy(copy, data, len);
+    }
+    pthread_mutex_lock(&r->mu);
+    r->calls++;
+    r->status = status;
+    r->seq = seq;
+    if (text != NULL) {
+        snprintf(r->text, sizeof r->text, "%s", text);
+        r->has_text = 1;
+    }
+    free(r->data);
+    r->data = copy;
+    r->len = len;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Waits until the recorder has at least n calls or timeout_ms ran out; returns the call count. */
+static int result_wait(result_t *r, int n, long timeout_ms) {
+    struct timespec dl;
+    int calls;
+    timeout_ms *= g_scale;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->mu);
+    while (r->calls < n) {
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &dl) == ETIMEDOUT) {
+            break;
+        }
+    }
+    calls = r->calls;
+    pthread_mutex_unlock(&r->mu);
+    return calls;
+}
+
+static int result_calls(result_t *r) {
+    int n;
+    pthread_mutex_lock(&r->mu);
+    n = r->calls;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* ---- helpers over the library ------------------------------------------------------------ */
+
+/* A received message: a malloc'ed copy. */
+typedef struct {
+    uint8_t *data;
+    size_t len;
+} msg_t;
+
+static void msg_free(msg_t *m) {
+    free(m->data);
+    m->data = NULL;
+    m->len = 0;
+}
+
+static int msg_is(const msg_t *m, const body_t *b) {
+    return m->data != NULL && m->len == b->len && memcmp(m->data, b->data, b->len) == 0;
+}
+
+/* Receives one message of channel within timeout_ms (pending form; cancelled on timeout).
+   Returns CN_OK with *out filled, CN_TIMEOUT when nothing came, or the error. *immediate tells
+   whether cn_receive finished at once (may be NULL). */
+static cn_status recv_msg(cn_client c, const char *channel, long timeout_ms, msg_t *out,
+                          int *immediate) {
+    result_t r;
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op op = 0;
+    cn_status st;
+    out->data = NULL;
+    out->len = 0;
+    if (immediate) {
+        *immediate = 0;
+    }
+    result_init(&r);
+    st = cn_receive(c, channel, on_result, &r, &body, &len, &op);
+    if (st == CN_OK) {
+        if (immediate) {
+            *immediate = 1;
+        }
+        if (body == NULL) {
+            result_destroy(&r);
+            return CN_INTERNAL;
+        }
+        out->data = malloc(len ? len : 1);
+        memcpy(out->data, body, len);
+        out->len = len;
+        cn_free(body);
+        result_destroy(&r);
+        return CN_OK;
+    }
+    if (st != CN_PENDING) {
+        result_destroy(&r);
+        return st;
+    }
+    if (result_wait(&r, 1, timeout_ms) == 0) {
+        if (cn_cancel(c, op) == CN_OK) {
+            result_destroy(&r);
+            return CN_TIMEOUT;
+        }
+        result_wait(&r, 1, 10000); /* CN_NOT_PENDING: the callback runs or ran */
+    }
+    st = r.status;
+    if (st == CN_OK) {
+        out->data = r.data;
+        out->len = r.len;
+        r.data = NULL;
+    }
+    result_destroy(&r);
+    return st;
+}
+
+/* The client configuration JSON for g_url and g_prefix. */
+static void config_json(char *buf, size_t n) {
+    snprintf(buf, n, "{\"servers\": [\"%s\"], \"prefix\": \"%s\", \"release_linger\": 0.2}",
+             g_url, g_prefix);
+}
+
+static cn_status connect_wait(cn_client *c) {
+    char cfg[512];
+    config_json(cfg, sizeof cfg);
+    return cn_connect(cfg, NULL, NULL, NULL, NULL, c);
+}
+
+/* new_channel in waiting form; the name is returned as a malloc'ed copy (cn_free'd here). */
+static cn_status new_channel(cn_client c, char *out, size_t n) {
+    char *name = NULL;
+    cn_status st = cn_new_channel(c, NULL, NULL, NULL, &name, NULL);
+    out[0] = '\0';
+    if (st == CN_OK) {
+        if (name == NULL) {
+            return CN_INTERNAL;
+        }
+        snprintf(out, n, "%s", name);
+    }
+    cn_free(name);
+    return st;
+}
+
+static int is_hex(const char *s, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* specific.<12 hex>!<32 hex> */
+static int is_process_channel_name(const char *s) {
+    return strlen(s) == 9 + 12 + 1 + 32 && strncmp(s, "specific.", 9) == 0 && is_hex(s + 9, 12) &&
+           s[21] == '!' && is_hex(s + 22, 32);
+}
+
+/* ---- the checks ------------------------------------------------------------------------- */
+
+static cn_client A, B; /* two connected clients shared by the checks */
+
+static int check_version_status_text(char *why) {
+    int i;
+    REQUIRE(cn_version() != NULL && cn_version()[0] != '\0', "cn_version() is NULL or empty");
+    for (i = CN_OK; i <= CN_INTERNAL; i++) {
+        const char *t = cn_status_text((cn_status)i);
+        REQUIRE(t != NULL && strncmp(t, "CN_", 3) == 0, "cn_status_text(%d) = \"%s\"", i,
+                t ? t : "(NULL)");
+    }
+    REQUIRE(strncmp(cn_status_text(CN_CLOSED), "CN_CLOSED", 9) == 0, "cn_status_text(CN_CLOSED) = \"%s\"",
+            cn_status_text(CN_CLOSED));
+    REQUIRE(cn_status_text((cn_status)999) != NULL && cn_status_text((cn_status)999)[0] != '\0',
+            "cn_status_text(999) is NULL or empty");
+    REQUIRE(cn_status_text((cn_status)-1) != NULL, "cn_status_text(-1) is NULL");
+    cn_free(NULL); /* ignored */
+    return 1;
+out:
+    return 0;
+}
+
+static int check_connect_wait(char *why) {
+    A = B = 0;
+    EXPECT_OK(connect_wait(&A));
+    REQUIRE(A != 0, "client handle A is 0");
+    EXPECT_OK(connect_wait(&B));
+    REQUIRE(B != 0 && B != A, "client handle B is 0 or equals A");
+    return 1;
+out:
+    return 0;
+}
+
+static int check_connect_pending(char *why) {
+    char cfg[512];
+    cn_client c = 0;
+    result_t r, nc;
+    char *name = NULL;
+    cn_op op = 0;
+    cn_status st;
+    int ok = 0;
+    result_init(&r);
+    result_init(&nc);
+    config_json(cfg, sizeof cfg);
+    EXPECT_ST(cn_connect(cfg, NULL, NULL, on_result, &r, &c), CN_PENDING);
+    REQUIRE(c != 0, "the handle is not set at once with CN_PENDING");
+    REQUIRE(result_wait(&r, 1, 5000) == 1, "the connect callback did not run within 5 s");
+    REQUIRE(r.status == CN_OK, "connect callback status %d (%s): %s", (int)r.status,
+            cn_status_text(r.status), r.text);
+    /* first new_channel with a callback: at once or pending (callback gets the name as text) */
+    st = cn_new_channel(c, NULL, on_result, &nc, &name, &op);
+    if (st == CN_PENDING) {
+        REQUIRE(op != 0, "new_channel CN_PENDING without an op handle");
+        REQUIRE(result_wait(&nc, 1, 5000) == 1, "new_channel callback did not run within 5 s");
+        REQUIRE(nc.status == CN_OK && nc.has_text && is_process_channel_name(nc.text),
+                "new_channel callback: status %d, text \"%s\"", (int)nc.status, nc.text);
+    } else {
+        REQUIRE(st == CN_OK && name != NULL && is_process_channel_name(name),
+                "first cn_new_channel with callback: %d (%s)", (int)st, cn_last_error());
+        cn_free(name);
+        name = NULL;
+    }
+    /* the process subscription is now confirmed: finishes at once, callback not called */
+    result_destroy(&nc);
+    result_init(&nc);
+    EXPECT_OK(cn_new_channel(c, NULL, on_result, &nc, &name, &op));
+    REQUIRE(name != NULL && is_process_channel_name(name), "second new_channel name \"%s\"",
+            name ? name : "(NULL)");
+    sleep_ms(50);
+    REQUIRE(result_calls(&nc) == 0, "callback of a new_channel that finished at once was called");
+    EXPECT_OK(cn_close(c, NULL, NULL));
+    c = 0;
+    ok = 1;
+out:
+    cn_free(name);
+    if (c != 0) {
+        cn_close(c, NULL, NULL);
+    }
+    result_destroy(&r);
+    result_destroy(&nc);
+    return ok;
+}
+
+static int check_connect_no_server(char *why) {
+    cn_client c = 0;
+    result_t r;
+    int ok = 0;
+    /* port 1 on loopback refuses at once; the password must not show in the error */
+    static const char cfg[] = "{\"servers\": [\"nats://ctuser:s3cr3tpw@127.0.0.1:1\"], "
+                              "\"connect_options\": {\"connect_timeout\": 2}}";
+    result_init(&r);
+    EXPECT_FAIL(cn_connect(cfg, NULL, NULL, NULL, NULL, &c), CN_NO_SERVER);
+    REQUIRE(strstr(cn_last_error(), "s3cr3tpw") == NULL, "cn_last_error() shows the password: %s",
+            cn_last_error());
+    /* "if the connection fails, it is released and later calls return CN_CLOSED" */
+    if (c != 0) {
+        EXPECT_FAIL(cn_flush(c), CN_CLOSED);
+    }
+    /* the pending form reports it through the callback */
+    c = 0;
+    EXPECT_ST(cn_connect(cfg, NULL, NULL, on_result, &r, &c), CN_PENDING);
+    REQUIRE(c != 0, "no handle with CN_PENDING");
+    REQUIRE(result_wait(&r, 1, 5000) == 1, "the connect callback did not run within 5 s");
+    REQUIRE(r.status == CN_NO_SERVER, "connect callback status %d (%s), want CN_NO_SERVER",
+            (int)r.status, cn_status_text(r.status));
+    REQUIRE(r.has_text && r.text[0] && strstr(r.text, "s3cr3tpw") == NULL,
+            "callback error text empty or shows the password: \"%s\"", r.text);
+    EXPECT_FAIL(cn_flush(c), CN_CLOSED);
+    EXPECT_FAIL(cn_close(c, NULL, NULL), CN_CLOSED);
+    ok = 1;
+out:
+    result_destroy(&r);
+    return ok;
+}
+
+static int check_new_channel(char *why) {
+    char *name = NULL, *name2 = NULL;
+    int ok = 0;
+    EXPECT_OK(cn_new_channel(A, NULL, NULL, NULL, &name, NULL));
+    REQUIRE(name != NULL, "*channel is NULL after CN_OK");
+    REQUIRE(is_process_channel_name(name), "name \"%s\" is not specific.<12 hex>!<32 hex>", name);
+    EXPECT_OK(cn_new_channel(A, "", NULL, NULL, &name2, NULL));
+    REQUIRE(name2 != NULL && is_process_channel_name(name2), "second name \"%s\"",
+            name2 ? name2 : "(NULL)");
+    REQUIRE(strncmp(name, name2, 22) == 0, "names of one client differ before '!': %s %s", name,
+            name2);
+    REQUIRE(strcmp(name, name2) != 0, "two new channels have the same name %s", name);
+    cn_free(name2);
+    name2 = NULL;
+    EXPECT_OK(cn_new_channel(A, "custom", NULL, NULL, &name2, NULL));
+    REQUIRE(name2 != NULL && strncmp(name2, "custom.", 7) == 0 && strchr(name2, '!') != NULL,
+            "prefix \"custom\" gave \"%s\"", name2 ? name2 : "(NULL)");
+    ok = 1;
+out:
+    cn_free(name);
+    cn_free(name2);
+    return ok;
+}
+
+static int check_send_receive_immediate(char *why) {
+    char ch1[128], ch2[128];
+    body_t x = body_of("immediate-x"), y = body_of("immediate-y");
+    msg_t m = {NULL, 0};
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op op = 0;
+    result_t r;
+    int ok = 0, immediate = 0;
+    result_init(&r);
+    EXPECT_OK(new_channel(A, ch1, sizeof ch1));
+    EXPECT_OK(new_channel(A, ch2, sizeof ch2));
+    EXPECT_OK(cn_send(B, ch1, x.data, x.len, NULL, NULL, NULL));
+    EXPECT_OK(cn_send(B, ch2, y.data, y.len, on_result, &r, &op));
+    /* ch1 and ch2 share A's process subscription and one dispatcher: once y arrived, x has too */
+    EXPECT_ST(recv_msg(A, ch2, 5000, &m, &immediate), CN_OK);
+    REQUIRE(msg_is(&m, &y), "ch2 body differs from what was sent (len %zu vs %zu)", m.len, y.len);
+    msg_free(&m);
+    EXPECT_OK(cn_receive(A, ch1, on_result, &r, &body, &len, &op));
+    REQUIRE(body != NULL, "CN_OK without *body");
+    REQUIRE(len == x.len && memcmp(body, x.data, len) == 0,
+            "immediate body differs (len %zu vs %zu)", len, x.len);
+    sleep_ms(50);
+    REQUIRE(result_calls(&r) == 0, "a callback ran for an operation that finished at once");
+    ok = 1;
+out:
+    cn_free(body);
+    msg_free(&m);
+    result_destroy(&r);
+    return ok;
+}
+
+static int check_pending_receive(char *why) {
+    char ch[128];
+    body_t x = body_of("pending-x");
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op op = 0;
+    result_t r;
+    int ok = 0;
+    result_init(&r);
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    EXPECT_ST(cn_receive(A, ch, on_result, &r, &body, &len, &op), CN_PENDING);
+    REQUIRE(op != 0, "CN_PENDING without an op handle");
+    sleep_ms(20);
+    REQUIRE(result_calls(&r) == 0, "callback ran before anything was sent");
+    EXPECT_OK(cn_send(B, ch, x.data, x.len, NULL, NULL, NULL));
+    REQUIRE(result_wait(&r, 1, 5000) == 1, "callback did not run within 5 s of the send");
+    REQUIRE(r.status == CN_OK, "callback status %d (%s): %s", (int)r.status,
+            cn_status_text(r.status), r.text);
+    REQUIRE(r.len == x.len && r.data && memcmp(r.data, x.data, x.len) == 0,
+            "callback body differs (len %zu vs %zu)", r.len, x.len);
+    sleep_ms(50);
+    REQUIRE(result_calls(&r) == 1, "callback ran %d times", result_calls(&r));
+    EXPECT_FAIL(cn_cancel(A, op), CN_NOT_PENDING);
+    ok = 1;
+out:
+    result_destroy(&r);
+    return ok;
+}
+
+static int check_plain_channel_shared(char *why) {
+    char plain[64], group[64];
+    body_t x = body_of("plain-work");
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op opa = 0, opb = 0;
+    result_t ra, rb;
+    int ok = 0, got;
+    result_init(&ra);
+    result_init(&rb);
+    snprintf(plain, sizeof plain, "work.q%ld", (long)getpid());
+    snprintf(group, sizeof group, "confirm%ld", (long)getpid());
+    EXPECT_ST(cn_receive(A, plain, on_result, &ra, &body, &len, &opa), CN_PENDING);
+    EXPECT_ST(cn_receive(B, plain, on_result, &rb, &body, &len, &opb), CN_PENDING);
+    /* A pending receive confirms its subscription in the background. A waiting group_add of the
+       same plain channel returns only once that channel's subscription is confirmed (S1), so
+       after it both clients are surely subscribed; the membership is discarded again. */
+    EXPECT_OK(cn_group_add(A, group, plain, NULL, NULL, NULL));
+    EXPECT_OK(cn_group_add(B, group, plain, NULL, NULL, NULL));
+    EXPECT_OK(cn_group_discard(A, group, plain));
+    EXPECT_OK(cn_group_discard(B, group, plain));
+    EXPECT_OK(cn_send(A, plain, x.data, x.len, NULL, NULL, NULL));
+    /* wait for the first completion, then give the other time to (wrongly) complete too */
+    {
+        int i;
+        for (i = 0; i < 500 && result_calls(&ra) + result_calls(&rb) == 0; i++) {
+            sleep_ms(10);
+        }
+    }
+    REQUIRE(result_calls(&ra) + result_calls(&rb) >= 1, "no receive completed within 5 s");
+    sleep_ms(300);
+    got = result_calls(&ra) + result_calls(&rb);
+    REQUIRE(got == 1, "%d receives completed for one send (A %d, B %d)", got, result_calls(&ra),
+            result_calls(&rb));
+    {
+        result_t *done = result_calls(&ra) ? &ra : &rb;
+        REQUIRE(done->status == CN_OK && done->len == x.len && done->data &&
+                    memcmp(done->data, x.data, x.len) == 0,
+                "completed receive: status %d, len %zu", (int)done->status, done->len);
+    }
+    /* the other one is still pending and can be withdrawn */
+    if (result_calls(&ra)) {
+        EXPECT_OK(cn_cancel(B, opb));
+        opb = 0;
+    } else {
+        EXPECT_OK(cn_cancel(A, opa));
+        opa = 0;
+    }
+    ok = 1;
+out:
+    if (!ok) { /* withdraw what may still wait, so no callback outlives the recorders */
+        if (opa && cn_cancel(A, opa) != CN_OK) {
+            result_wait(&ra, 1, 5000);
+        }
+        if (opb && cn_cancel(B, opb) != CN_OK) {
+            result_wait(&rb, 1, 5000);
+        }
+    }
+    result_destroy(&ra);
+    result_destroy(&rb);
+    return ok;
+}
+
+static int check_group_fanout(char *why, char *ch1, char *ch2, const char *group) {
+    body_t g = body_of("group-fanout");
+    msg_t m1 = {NULL, 0}, m2 = {NULL, 0};
+    int ok = 0;
+    EXPECT_OK(new_channel(A, ch1, 128));
+    EXPECT_OK(new_channel(A, ch2, 128));
+    EXPECT_OK(cn_group_add(A, group, ch1, NULL, NULL, NULL));
+    EXPECT_OK(cn_group_add(A, group, ch2, NULL, NULL, NULL));
+    EXPECT_OK(cn_group_add(A, group, ch2, NULL, NULL, NULL)); /* twice is not an error */
+    EXPECT_OK(cn_group_send(B, group, g.data, g.len, NULL, NULL, NULL));
+    EXPECT_ST(recv_msg(A, ch1, 5000, &m1, NULL), CN_OK);
+    EXPECT_ST(recv_msg(A, ch2, 5000, &m2, NULL), CN_OK);
+    REQUIRE(msg_is(&m1, &g), "member 1 got a different body");
+    REQUIRE(msg_is(&m2, &g), "member 2 got a different body");
+    /* a group without members is not an error */
+    EXPECT_OK(cn_group_send(B, "nobody-here", g.data, g.len, NULL, NULL, NULL));
+    ok = 1;
+out:
+    msg_free(&m1);
+    msg_free(&m2);
+    return ok;
+}
+
+static int check_group_fanout_clients(char *why) {
+    /* one member in each client: the server fans the one publish out */
+    char cha[128], chb[128], group[64];
+    body_t g = body_of("group-two-clients");
+    msg_t m1 = {NULL, 0}, m2 = {NULL, 0};
+    int ok = 0;
+    snprintf(group, sizeof group, "fan2c%ld", (long)getpid());
+    EXPECT_OK(new_channel(A, cha, sizeof cha));
+    EXPECT_OK(new_channel(B, chb, sizeof chb));
+    EXPECT_OK(cn_group_add(A, group, cha, NULL, NULL, NULL));
+    EXPECT_OK(cn_group_add(B, group, chb, NULL, NULL, NULL));
+    EXPECT_OK(cn_group_send(A, group, g.data, g.len, NULL, NULL, NULL));
+    EXPECT_ST(recv_msg(A, cha, 5000, &m1, NULL), CN_OK);
+    EXPECT_ST(recv_msg(B, chb, 5000, &m2, NULL), CN_OK);
+    REQUIRE(msg_is(&m1, &g) && msg_is(&m2, &g), "a member got a different body");
+    EXPECT_OK(cn_group_discard(A, group, cha));
+    EXPECT_OK(cn_group_discard(B, group, chb));
+    ok = 1;
+out:
+    msg_free(&m1);
+    msg_free(&m2);
+    return ok;
+}
+
+static int check_group_discard(char *why, const char *ch1, const char *ch2, const char *group) {
+    body_t g = body_of("group-after-discard"), mark = body_of("marker-after-group");
+    msg_t m1 = {NULL, 0}, m2 = {NULL, 0};
+    int ok = 0;
+    REQUIRE(ch1[0] && ch2[0], "needs the channels of group_fanout");
+    EXPECT_OK(cn_group_discard(A, group, ch2));
+    EXPECT_OK(cn_group_discard(A, group, ch2)); /* a non-member: not an error */
+    EXPECT_OK(cn_group_send(B, group, g.data, g.len, NULL, NULL, NULL));
+    /* Sent after the group message by the same connection: if ch2 were still a member, the group
+       message would be first in ch2's mailbox (S10). */
+    EXPECT_OK(cn_send(B, ch2, mark.data, mark.len, NULL, NULL, NULL));
+    EXPECT_ST(recv_msg(A, ch1, 5000, &m1, NULL), CN_OK);
+    REQUIRE(msg_is(&m1, &g), "the remaining member did not get the group message");
+    EXPECT_ST(recv_msg(A, ch2, 5000, &m2, NULL), CN_OK);
+    REQUIRE(msg_is(&m2, &mark), "the discarded member still got the group message");
+    msg_free(&m2);
+    EXPECT_ST(recv_msg(A, ch2, 200, &m2, NULL), CN_TIMEOUT);
+    ok = 1;
+out:
+    msg_free(&m1);
+    msg_free(&m2);
+    return ok;
+}
+
+static int check_cancel_before_delivery(char *why) {
+    char ch[128];
+    body_t x = body_of("cancelled-receive-keeps-this");
+    msg_t m = {NULL, 0};
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op op = 0;
+    result_t r;
+    int ok = 0;
+    result_init(&r);
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    EXPECT_ST(cn_receive(A, ch, on_result, &r, &body, &len, &op), CN_PENDING);
+    REQUIRE(op != 0, "CN_PENDING without an op handle");
+    EXPECT_OK(cn_cancel(A, op));
+    EXPECT_OK(cn_send(B, ch, x.data, x.len, NULL, NULL, NULL));
+    EXPECT_ST(recv_msg(A, ch, 5000, &m, NULL), CN_OK);
+    REQUIRE(msg_is(&m, &x), "the later receive got a different body");
+    sleep_ms(100);
+    REQUIRE(result_calls(&r) == 0, "the cancelled receive's callback ran (status %d)",
+            (int)r.status);
+    EXPECT_FAIL(cn_cancel(A, 0), CN_INVALID_HANDLE);
+    ok = 1;
+out:
+    msg_free(&m);
+    result_destroy(&r);
+    return ok;
+}
+
+static int check_put_back(char *why) {
+    char ch[128];
+    body_t x = body_of("put-back-x"), y = body_of("put-back-y");
+    msg_t m = {NULL, 0};
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op op = 0;
+    result_t r;
+    int ok = 0, immediate = 0;
+    result_init(&r);
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    EXPECT_OK(cn_send(B, ch, x.data, x.len, NULL, NULL, NULL));
+    EXPECT_OK(cn_send(B, ch, y.data, y.len, NULL, NULL, NULL));
+    EXPECT_ST(recv_msg(A, ch, 5000, &m, NULL), CN_OK);
+    REQUIRE(msg_is(&m, &x), "first receive is not x");
+    /* x goes back to the front of the mailbox: the next receive gets it at once, then y */
+    msg_free(&m);
+    EXPECT_OK(cn_put_back(A, ch, x.data, x.len));
+    EXPECT_ST(recv_msg(A, ch, 5000, &m, &immediate), CN_OK);
+    REQUIRE(immediate, "a receive after cn_put_back did not finish at once");
+    REQUIRE(msg_is(&m, &x), "the receive after cn_put_back did not get x");
+    msg_free(&m);
+    EXPECT_ST(recv_msg(A, ch, 5000, &m, NULL), CN_OK);
+    REQUIRE(msg_is(&m, &y), "y did not follow the put-back x");
+    msg_free(&m);
+    /* put_back with a waiting receive hands the message to it */
+    EXPECT_ST(cn_receive(A, ch, on_result, &r, &body, &len, &op), CN_PENDING);
+    EXPECT_OK(cn_put_back(A, ch, y.data, y.len));
+    REQUIRE(result_wait(&r, 1, 5000) == 1, "the waiting receive did not get the put-back message");
+    REQUIRE(r.status == CN_OK && r.len == y.len && r.data && memcmp(r.data, y.data, y.len) == 0,
+            "waiting receive got status %d len %zu", (int)r.status, r.len);
+    EXPECT_FAIL(cn_put_back(A, "bad name", y.data, y.len), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_put_back(A, ch, NULL, 3), CN_INVALID_ARG);
+    ok = 1;
+out:
+    msg_free(&m);
+    result_destroy(&r);
+    return ok;
+}
+
+static int check_stats(char *why) {
+    char *json = NULL;
+    int ok = 0;
+    EXPECT_OK(cn_stats(A, &json));
+    REQUIRE(json != NULL, "CN_OK without *json");
+    REQUIRE(json[0] == '{', "stats is not a JSON object: %.80s", json);
+    REQUIRE(strstr(json, "\"published\"") != NULL, "no \"published\" in %.200s", json);
+    REQUIRE(strstr(json, "\"delivered\"") != NULL, "no \"delivered\" in %.200s", json);
+    REQUIRE(strstr(json, "\"client_id\"") != NULL, "no \"client_id\" in %.200s", json);
+    cn_free(json);
+    json = NULL;
+    /* B published every test message so far */
+    EXPECT_OK(cn_stats(B, &json));
+    REQUIRE(strstr(json, "\"published\":0,") == NULL, "B published nothing? %.200s", json);
+    ok = 1;
+out:
+    cn_free(json);
+    return ok;
+}
+
+static int check_flush(char *why) {
+    char ch[128], ch2[128], group[64], *json = NULL;
+    body_t old = body_of("queued-before-flush"), x = body_of("after-flush"),
+           mark = body_of("marker-before-flush"), mark2 = body_of("marker-after-flush"),
+           g = body_of("group-after-flush");
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op op = 0;
+    cn_client c = 0;
+    result_t r, r2;
+    int ok = 0;
+    result_init(&r);
+    result_init(&r2);
+    snprintf(group, sizeof group, "flushgrp%ld", (long)getpid());
+    EXPECT_OK(connect_wait(&c)); /* a client of its own: flush resets all its state */
+    EXPECT_OK(new_channel(c, ch, sizeof ch));
+    EXPECT_OK(new_channel(c, ch2, sizeof ch2));
+    EXPECT_OK(cn_group_add(c, group, ch2, NULL, NULL, NULL));
+    /* old is queued in ch2's mailbox once the marker sent after it reached ch (S10) */
+    EXPECT_ST(cn_receive(c, ch, on_result, &r, &body, &len, &op), CN_PENDING);
+    EXPECT_OK(cn_send(B, ch2, old.data, old.len, NULL, NULL, NULL));
+    EXPECT_OK(cn_send(B, ch, mark.data, mark.len, NULL, NULL, NULL));
+    REQUIRE(result_wait(&r, 1, 5000) == 1, "pending receive did not get the marker");
+    result_destroy(&r);
+    result_init(&r);
+    EXPECT_ST(cn_receive(c, ch, on_result, &r, &body, &len, &op), CN_PENDING);
+
+    EXPECT_OK(cn_flush(c));
+
+    EXPECT_OK(cn_stats(c, &json));
+    REQUIRE(json && strstr(json, "\"groups\":0") != NULL, "groups left after flush: %.300s",
+            json ? json : "(NULL)");
+    /* the receive waiting across the flush keeps waiting and gets what is sent now */
+    EXPECT_OK(cn_send(B, ch, x.data, x.len, NULL, NULL, NULL));
+    REQUIRE(result_wait(&r, 1, 5000) == 1, "the receive waiting across flush got nothing");
+    REQUIRE(r.status == CN_OK && r.len == x.len && r.data && memcmp(r.data, x.data, x.len) == 0,
+            "receive across flush: status %d", (int)r.status);
+    /* the queued message is gone, and so is the membership */
+    EXPECT_ST(cn_receive(c, ch2, on_result, &r2, &body, &len, &op), CN_PENDING);
+    EXPECT_OK(cn_group_send(B, group, g.data, g.len, NULL, NULL, NULL));
+    EXPECT_OK(cn_send(B, ch2, mark2.data, mark2.len, NULL, NULL, NULL));
+    REQUIRE(result_wait(&r2, 1, 5000) == 1, "receive on ch2 after flush got nothing");
+    REQUIRE(r2.status == CN_OK && r2.len == mark2.len && r2.data &&
+                memcmp(r2.data, mark2.data, mark2.len) == 0,
+            "after flush ch2 got \"%.*s\" before the marker (status %d)",
+            (int)(r2.len > 60 ? 60 : r2.len), r2.data ? (const char *)r2.data : "", (int)r2.status);
+    EXPECT_OK(cn_flush(c));
+    EXPECT_OK(cn_close(c, NULL, NULL));
+    c = 0;
+    ok = 1;
+out:
+    cn_free(json);
+    if (c != 0) {
+        cn_close(c, NULL, NULL); /* ends a receive still waiting before r goes away */
+    }
+    result_destroy(&r);
+    result_destroy(&r2);
+    return ok;
+}
+
+static void *thread_last_error(void *arg) {
+    const char **out = arg;
+    *out = cn_last_error();
+    return NULL;
+}
+
+static result_t g_sink; /* closure of calls that must fail; outlives every client */
+
+static int check_errors(char *why) {
+    char ch[128], chb[128], cfg[512], *name = NULL, *json = NULL;
+    body_t x = body_of("errors");
+    uint8_t *body = NULL, *big = NULL;
+    size_t len = 0;
+    cn_client c = 0;
+    cn_op op = 0;
+    int ok = 0;
+    /* msgpack bodies that are not Channels messages */
+    static const uint8_t array_body[] = {0x91, 0x01};                      /* [1] */
+    static const uint8_t int_key_body[] = {0x81, 0x01, 0x02};              /* {1: 2} */
+    static const uint8_t trailing_body[] = {0x80, 0x00};                   /* {} then a byte */
+    static const uint8_t truncated_body[] = {0x81, 0xa1};                  /* {"<cut>" */
+    static const uint8_t reserved_body[] = {0x81, 0xb0, '_', '_', 'a', 's', 'g', 'i', '_', 'c',
+                                            'h', 'a', 'n', 'n', 'e', 'l', '_', '_', 0xa1, 'x'};
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    EXPECT_OK(new_channel(B, chb, sizeof chb));
+
+    /* NULL arguments */
+    EXPECT_FAIL(cn_connect(NULL, NULL, NULL, NULL, NULL, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_send(A, NULL, x.data, x.len, NULL, NULL, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_send(A, ch, NULL, x.len, NULL, NULL, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_group_send(A, NULL, x.data, x.len, NULL, NULL, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_receive(A, ch, on_result, &g_sink, NULL, &len, &op), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_receive(A, ch, on_result, &g_sink, &body, NULL, &op), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_receive(A, NULL, on_result, &g_sink, &body, &len, &op), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_new_channel(A, NULL, NULL, NULL, NULL, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_group_add(A, NULL, ch, NULL, NULL, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_group_add(A, "g", NULL, NULL, NULL, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_group_discard(A, NULL, ch), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_put_back(A, NULL, x.data, x.len), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_stats(A, NULL), CN_INVALID_ARG);
+
+    /* cn_last_error(): "" after a success, per thread */
+    EXPECT_OK(cn_stats(A, &json));
+    cn_free(json);
+    json = NULL;
+    EXPECT_FAIL(cn_stats(A, NULL), CN_INVALID_ARG);
+    {
+        pthread_t t;
+        const char *other = NULL;
+        pthread_create(&t, NULL, thread_last_error, (void *)&other);
+        pthread_join(t, NULL);
+        REQUIRE(other != NULL && other[0] == '\0', "another thread sees last error \"%s\"",
+                other ? other : "(NULL)");
+        REQUIRE(cn_last_error()[0] != '\0', "this thread's last error vanished");
+    }
+    EXPECT_OK(cn_flush(B));
+
+    /* invalid UTF-8 */
+    EXPECT_FAIL(cn_send(A, "specific.\xff\xfe", x.data, x.len, NULL, NULL, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_group_send(A, "gr\xc3", x.data, x.len, NULL, NULL, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_new_channel(A, "\xed\xa0\x80", NULL, NULL, &name, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_connect("{\"prefix\": \"\xff\"}", NULL, NULL, NULL, NULL, &c), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_receive(A, "work.\xc0\xaf", on_result, &g_sink, &body, &len, &op), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_group_add(A, "g\xff", ch, NULL, NULL, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_group_discard(A, "g", "ch\x80"), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_put_back(A, "ch\xfe", x.data, x.len), CN_INVALID_ARG);
+
+    /* bad names */
+    EXPECT_FAIL(cn_send(A, "bad name", x.data, x.len, NULL, NULL, NULL), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_send(A, "", x.data, x.len, NULL, NULL, NULL), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_send(A, "a..b", x.data, x.len, NULL, NULL, NULL), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_group_send(A, "bad*group", x.data, x.len, NULL, NULL, NULL), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_group_add(A, "g>", ch, NULL, NULL, NULL), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_group_discard(A, "ok", "bad name"), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_receive(A, "bad name", on_result, &g_sink, &body, &len, &op), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_new_channel(A, "bad prefix", NULL, NULL, &name, NULL), CN_INVALID_NAME);
+    {
+        char longname[128];
+        memset(longname, 'a', 100);
+        longname[100] = '\0';
+        EXPECT_FAIL(cn_send(A, longname, x.data, x.len, NULL, NULL, NULL), CN_INVALID_NAME);
+    }
+
+    /* bad configuration */
+    EXPECT_FAIL(cn_connect("{not json", NULL, NULL, NULL, NULL, &c), CN_INVALID_CONFIG);
+    EXPECT_FAIL(cn_connect("[1, 2]", NULL, NULL, NULL, NULL, &c), CN_INVALID_CONFIG);
+    EXPECT_FAIL(cn_connect("{\"no_such_key\": 1}", NULL, NULL, NULL, NULL, &c), CN_INVALID_CONFIG);
+    REQUIRE(strstr(cn_last_error(), "servers") != NULL,
+            "unknown key: cn_last_error() does not list the known keys: %s", cn_last_error());
+    EXPECT_FAIL(cn_connect("{\"capacity\": \"many\"}", NULL, NULL, NULL, NULL, &c),
+                CN_INVALID_CONFIG);
+
+    /* bodies that are not Channels messages */
+    EXPECT_FAIL(cn_send(A, ch, array_body, sizeof array_body, NULL, NULL, NULL), CN_INVALID_MESSAGE);
+    EXPECT_FAIL(cn_send(A, ch, int_key_body, sizeof int_key_body, NULL, NULL, NULL),
+                CN_INVALID_MESSAGE);
+    EXPECT_FAIL(cn_send(A, ch, trailing_body, sizeof trailing_body, NULL, NULL, NULL),
+                CN_INVALID_MESSAGE);
+    EXPECT_FAIL(cn_send(A, ch, truncated_body, sizeof truncated_body, NULL, NULL, NULL),
+                CN_INVALID_MESSAGE);
+    EXPECT_FAIL(cn_send(A, ch, reserved_body, sizeof reserved_body, NULL, NULL, NULL),
+                CN_INVALID_MESSAGE);
+    EXPECT_FAIL(cn_group_send(A, "g", array_body, sizeof array_body, NULL, NULL, NULL),
+                CN_INVALID_MESSAGE);
+    {
+        cn_status st = cn_send(A, ch, x.data, 0, NULL, NULL, NULL); /* an empty body */
+        REQUIRE(st == CN_INVALID_MESSAGE || st == CN_INVALID_ARG,
+                "empty body: got %d (%s), want CN_INVALID_MESSAGE or CN_INVALID_ARG", (int)st,
+                cn_status_text(st));
+    }
+
+    /* over the server's max_payload (1 MiB by default): nothing sent */
+    {
+        size_t n = 1100 * 1024, i = 0;
+        big = calloc(1, n + 16);
+        REQUIRE(big != NULL, "out of memory");
+        big[i++] = 0x81;
+        big[i++] = 0xa1;
+        big[i++] = 'b';
+        big[i++] = 0xc6; /* bin 32 */
+        big[i++] = (uint8_t)(n >> 24);
+        big[i++] = (uint8_t)(n >> 16);
+        big[i++] = (uint8_t)(n >> 8);
+        big[i++] = (uint8_t)n;
+        EXPECT_FAIL(cn_send(A, ch, big, i + n, NULL, NULL, NULL), CN_MESSAGE_TOO_LARGE);
+    }
+
+    /* another client's process channel: receive and group_add refused, send works */
+    EXPECT_FAIL(cn_receive(A, chb, on_result, &g_sink, &body, &len, &op), CN_FOREIGN_CHANNEL);
+    EXPECT_FAIL(cn_group_add(A, "g", chb, NULL, NULL, NULL), CN_FOREIGN_CHANNEL);
+
+    /* handles the library never issued */
+    EXPECT_FAIL(cn_send(0, ch, x.data, x.len, NULL, NULL, NULL), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_send((cn_client)1 << 60, ch, x.data, x.len, NULL, NULL, NULL),
+                CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_receive(0, ch, on_result, &g_sink, &body, &len, &op), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_new_channel(UINT64_MAX, NULL, NULL, NULL, &name, NULL), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_stats(987654321, &json), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_flush(0), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_close(0, NULL, NULL), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_cancel(0, 1), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_cancel(A, 0), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_group_discard((cn_client)1 << 62, "g", ch), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_put_back(0, ch, x.data, x.len), CN_INVALID_HANDLE);
+
+    /* a closed client */
+    config_json(cfg, sizeof cfg);
+    EXPECT_OK(cn_connect(cfg, NULL, NULL, NULL, NULL, &c));
+    EXPECT_OK(cn_close(c, NULL, NULL));
+    EXPECT_FAIL(cn_send(c, ch, x.data, x.len, NULL, NULL, NULL), CN_CLOSED);
+    EXPECT_FAIL(cn_group_send(c, "g", x.data, x.len, NULL, NULL, NULL), CN_CLOSED);
+    EXPECT_FAIL(cn_receive(c, ch, on_result, &g_sink, &body, &len, &op), CN_CLOSED);
+    EXPECT_FAIL(cn_new_channel(c, NULL, NULL, NULL, &name, NULL), CN_CLOSED);
+    EXPECT_FAIL(cn_group_add(c, "g", ch, NULL, NULL, NULL), CN_CLOSED);
+    EXPECT_FAIL(cn_group_discard(c, "g", ch), CN_CLOSED);
+    EXPECT_FAIL(cn_put_back(c, ch, x.data, x.len), CN_CLOSED);
+    EXPECT_FAIL(cn_flush(c), CN_CLOSED);
+    EXPECT_FAIL(cn_stats(c, &json), CN_CLOSED);
+    EXPECT_FAIL(cn_cancel(c, 1), CN_CLOSED);
+    EXPECT_FAIL(cn_close(c, NULL, NULL), CN_CLOSED);
+    c = 0;
+    ok = 1;
+out:
+    cn_free(name);
+    cn_free(json);
+    free(big);
+    if (c != 0) {
+        cn_close(c, NULL, NULL);
+    }
+    return ok;
+}
+
+/* A receive callback that tries waiting calls (refused) and a send (allowed) from inside. */
+static void on_result_inner(void *closure, cn_status status, const char *text,
+                            const uint8_t *data, size_t len) {
+    result_t *r = closure;
+    uint8_t *body = NULL;
+    size_t blen = 0;
+    cn_client c2 = 0;
+    body_t x = body_of("sent-from-a-callback");
+    r->inner_wait_receive =
+        cn_receive(r->inner_client, r->inner_channel, NULL, NULL, &body, &blen, NULL);
+    r->inner_error_set = cn_last_error()[0] != '\0';
+    r->inner_wait_close = cn_close(r->inner_client, NULL, NULL);
+    r->inner_wait_connect = cn_connect(NULL, NULL, NULL, NULL, NULL, &c2);
+    r->inner_send = cn_send(r->inner_client, r->inner_channel, x.data, x.len, NULL, NULL, NULL);
+    cn_free(body);
+    on_result(closure, status, text, data, len);
+}
+
+static int check_callback_rules(char *why) {
+    char ch[128];
+    body_t x = body_of("wake-the-callback"), y = body_of("sent-from-a-callback");
+    msg_t m = {NULL, 0};
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op op = 0;
+    result_t r;
+    int ok = 0;
+    result_init(&r);
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    r.inner_client = A;
+    r.inner_channel = ch;
+    EXPECT_ST(cn_receive(A, ch, on_result_inner, &r, &body, &len, &op), CN_PENDING);
+    EXPECT_OK(cn_send(B, ch, x.data, x.len, NULL, NULL, NULL));
+    REQUIRE(result_wait(&r, 1, 5000) == 1, "callback did not run");
+    REQUIRE(r.inner_wait_receive == CN_ILLEGAL_STATE,
+            "waiting cn_receive inside a callback: %d, want CN_ILLEGAL_STATE",
+            (int)r.inner_wait_receive);
+    REQUIRE(r.inner_error_set, "cn_last_error() empty after CN_ILLEGAL_STATE in a callback");
+    REQUIRE(r.inner_wait_close == CN_ILLEGAL_STATE,
+            "waiting cn_close inside a callback: %d, want CN_ILLEGAL_STATE",
+            (int)r.inner_wait_close);
+    REQUIRE(r.inner_wait_connect == CN_ILLEGAL_STATE,
+            "waiting cn_connect inside a callback: %d, want CN_ILLEGAL_STATE",
+            (int)r.inner_wait_connect);
+    REQUIRE(r.inner_send == CN_OK, "cn_send inside a callback: %d", (int)r.inner_send);
+    EXPECT_ST(recv_msg(A, ch, 5000, &m, NULL), CN_OK);
+    REQUIRE(msg_is(&m, &y), "the message sent from the callback did not arrive");
+    ok = 1;
+out:
+    msg_free(&m);
+    result_destroy(&r);
+    return ok;
+}
+
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_log(void *closure, int level, const char *message) {
+    int *count = closure;
+    (void)level;
+    (void)message;
+    pthread_mutex_lock(&g_log_mu);
+    (*count)++;
+    pthread_mutex_unlock(&g_log_mu);
+}
+
+static int log_count(int *count) {
+    int n;
+    pthread_mutex_lock(&g_log_mu);
+    n = *count;
+    pthread_mutex_unlock(&g_log_mu);
+    return n;
+}
+
+static int check_pending_close(char *why) {
+    static int logs; /* outlives the client, whatever happens */
+    char cfg[512], ch[128], plain[64];
+    body_t x = body_of("after-close");
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op op1 = 0, op2 = 0;
+    cn_client c = 0;
+    result_t r1, r2, rc;
+    int ok = 0, logs_at_close;
+    result_init(&r1);
+    result_init(&r2);
+    result_init(&rc);
+    config_json(cfg, sizeof cfg);
+    EXPECT_OK(cn_connect(cfg, on_log, &logs, NULL, NULL, &c));
+    EXPECT_OK(new_channel(c, ch, sizeof ch));
+    snprintf(plain, sizeof plain, "closing.q%ld", (long)getpid());
+    EXPECT_ST(cn_receive(c, ch, on_result, &r1, &body, &len, &op1), CN_PENDING);
+    EXPECT_ST(cn_receive(c, plain, on_result, &r2, &body, &len, &op2), CN_PENDING);
+    EXPECT_ST(cn_close(c, on_result, &rc), CN_PENDING);
+    EXPECT_FAIL(cn_close(c, NULL, NULL), CN_CLOSED); /* already closing */
+    REQUIRE(result_wait(&rc, 1, 10000) == 1, "the close callback did not run within 10 s");
+    logs_at_close = log_count(&logs);
+    REQUIRE(rc.status == CN_OK, "close callback status %d, want CN_OK", (int)rc.status);
+    REQUIRE(result_calls(&r1) == 1 && r1.status == CN_CLOSED,
+            "process receive: %d calls, status %d; want 1 call with CN_CLOSED", result_calls(&r1),
+            (int)r1.status);
+    REQUIRE(result_calls(&r2) == 1 && r2.status == CN_CLOSED,
+            "plain receive: %d calls, status %d; want 1 call with CN_CLOSED", result_calls(&r2),
+            (int)r2.status);
+    REQUIRE(r1.seq < rc.seq && r2.seq < rc.seq,
+            "a receive callback ran after the close callback (seq %ld, %ld, close %ld)", r1.seq,
+            r2.seq, rc.seq);
+    REQUIRE(r1.has_text && r1.text[0], "CN_CLOSED callback without an error text");
+    EXPECT_FAIL(cn_send(c, ch, x.data, x.len, NULL, NULL, NULL), CN_CLOSED);
+    EXPECT_FAIL(cn_close(c, NULL, NULL), CN_CLOSED);
+    EXPECT_FAIL(cn_cancel(c, op1), CN_CLOSED);
+    EXPECT_OK(cn_send(B, ch, x.data, x.len, NULL, NULL, NULL)); /* nobody may receive it */
+    sleep_ms(300);
+    REQUIRE(result_calls(&r1) == 1 && result_calls(&r2) == 1 && result_calls(&rc) == 1,
+            "a callback ran after close: receive %d/%d, close %d", result_calls(&r1),
+            result_calls(&r2), result_calls(&rc));
+    REQUIRE(log_count(&logs) == logs_at_close, "the log callback ran %d time(s) after close",
+            log_count(&logs) - logs_at_close);
+    c = 0;
+    ok = 1;
+out:
+    if (c != 0 && result_calls(&rc) == 0) {
+        result_wait(&rc, 1, 10000);
+    }
+    result_destroy(&r1);
+    result_destroy(&r2);
+    result_destroy(&rc);
+    return ok;
+}
+
+/* A waiting-form receive blocked on another thread ends with CN_CLOSED when the client closes. */
+typedef struct {
+    cn_client c;
+    const char *channel;
+    cn_status status;
+    volatile int done;
+} waiter_t;
+
+static void *waiting_receive(void *arg) {
+    waiter_t *w = arg;
+    uint8_t *body = NULL;
+    size_t len = 0;
+    w->status = cn_receive(w->c, w->channel, NULL, NULL, &body, &len, NULL);
+    cn_free(body);
+    w->done = 1;
+    return NULL;
+}
+
+static int check_waiting_receive_closed(char *why) {
+    char ch[128];
+    cn_client c = 0;
+    pthread_t t;
+    waiter_t w;
+    int ok = 0, started = 0;
+    EXPECT_OK(connect_wait(&c));
+    EXPECT_OK(new_channel(c, ch, sizeof ch));
+    w.c = c;
+    w.channel = ch;
+    w.status = (cn_status)-1;
+    w.done = 0;
+    REQUIRE(pthread_create(&t, NULL, waiting_receive, &w) == 0, "pthread_create failed");
+    started = 1;
+    sleep_ms(200);
+    REQUIRE(!w.done, "the waiting receive returned %d before anything was sent", (int)w.status);
+    EXPECT_OK(cn_close(c, NULL, NULL));
+    c = 0;
+    pthread_join(t, NULL);
+    started = 0;
+    REQUIRE(w.status == CN_CLOSED, "the waiting receive returned %d (%s), want CN_CLOSED",
+            (int)w.status, cn_status_text(w.status));
+    ok = 1;
+out:
+    if (c != 0) {
+        cn_close(c, NULL, NULL);
+    }
+    if (started) {
+        pthread_join(t, NULL);
+    }
+    return ok;
+}
+
+/* cn_cancel of an op handle the library never issued: CN_INVALID_HANDLE ("0, or a handle this
+   library never issued"), not CN_NOT_PENDING ("the operation had already finished"). */
+static int check_cancel_unknown_op(char *why) {
+    EXPECT_FAIL(cn_cancel(A, (cn_op)1 << 60), CN_INVALID_HANDLE);
+    return 1;
+out:
+    return 0;
+}
+
+/* S13: "specific.<id>!" receives the messages of this client's process channels that have no
+   mailbox of their own. */
+static int check_receive_process_prefix(char *why) {
+    char ch[128], prefix[64], orphan[128];
+    body_t x = body_of("no-mailbox-of-its-own");
+    msg_t m = {NULL, 0};
+    int ok = 0;
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    snprintf(prefix, sizeof prefix, "%.22s", ch); /* "specific.<12 hex>!" */
+    snprintf(orphan, sizeof orphan, "%sneverreceived%ld", prefix, (long)getpid());
+    {
+        /* the prefix receive must be waiting before the send, or the message has no mailbox */
+        result_t r;
+        uint8_t *body = NULL;
+        size_t len = 0;
+        cn_op op = 0;
+        result_init(&r);
+        if (cn_receive(A, prefix, on_result, &r, &body, &len, &op) != CN_PENDING) {
+            snprintf(why, WHYLEN, "cn_receive(\"%s\"): %s", prefix, cn_last_error());
+            cn_free(body);
+            result_destroy(&r);
+            goto out;
+        }
+        cn_send(B, orphan, x.data, x.len, NULL, NULL, NULL);
+        if (result_wait(&r, 1, 5000) == 0) {
+            if (cn_cancel(A, op) != CN_OK) {
+                result_wait(&r, 1, 5000);
+            }
+        }
+        if (r.calls == 1 && r.status == CN_OK) {
+            m.data = r.data;
+            m.len = r.len;
+            r.data = NULL;
+        }
+        result_destroy(&r);
+    }
+    REQUIRE(m.data != NULL, "the prefix receive got nothing for %s", orphan);
+    REQUIRE(msg_is(&m, &x), "the prefix receive got a different body");
+    ok = 1;
+out:
+    msg_free(&m);
+    return ok;
+}
+
+/* A TCP listener that never answers: connects to it stay in progress (the kernel accepts). */
+static int silent_listener(int *port) {
+    struct sockaddr_in sa;
+    socklen_t n = sizeof sa;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+        return -1;
+    }
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 16) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &n) != 0) {
+        close(fd);
+        return -1;
+    }
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* A connect still in progress: calls get CN_ILLEGAL_STATE; cn_close abandons it, its callback
+   reports CN_CLOSED before cn_close returns, and nothing runs after. */
+static int check_close_abandons_connect(char *why) {
+    char cfg[256], *json = NULL;
+    body_t x = body_of("too-early");
+    cn_client c = 0, was;
+    result_t r;
+    int ok = 0, port = 0, fd;
+    double t0;
+    result_init(&r);
+    fd = silent_listener(&port);
+    REQUIRE(fd >= 0, "cannot open a listener: %s", strerror(errno));
+    snprintf(cfg, sizeof cfg,
+             "{\"servers\": [\"nats://127.0.0.1:%d\"], \"connect_options\": {\"connect_timeout\": 20}}",
+             port);
+    EXPECT_ST(cn_connect(cfg, NULL, NULL, on_result, &r, &c), CN_PENDING);
+    REQUIRE(c != 0, "no handle with CN_PENDING");
+    EXPECT_FAIL(cn_send(c, "work.early", x.data, x.len, NULL, NULL, NULL), CN_ILLEGAL_STATE);
+    EXPECT_FAIL(cn_stats(c, &json), CN_ILLEGAL_STATE);
+    REQUIRE(result_calls(&r) == 0, "the connect finished against a server that never answers");
+    t0 = now_s();
+    EXPECT_OK(cn_close(c, NULL, NULL));
+    REQUIRE(now_s() - t0 < 5.0 * g_scale, "cn_close took %.1f s to abandon the connect", now_s() - t0);
+    REQUIRE(result_calls(&r) == 1, "the connect callback ran %d times by the time cn_close returned",
+            result_calls(&r));
+    REQUIRE(r.status == CN_CLOSED, "connect callback status %d (%s), want CN_CLOSED", (int)r.status,
+            cn_status_text(r.status));
+    was = c;
+    c = 0;
+    EXPECT_FAIL(cn_flush(was), CN_CLOSED);
+    sleep_ms(100);
+    REQUIRE(result_calls(&r) == 1, "the connect callback ran again after close");
+    ok = 1;
+out:
+    cn_free(json);
+    if (c != 0) {
+        cn_close(c, NULL, NULL);
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    result_destroy(&r);
+    return ok;
+}
+
+/* Concurrent use from several threads: each does send/receive round trips on its own channel. */
+#define THREADS 4
+#define ROUNDS 25
+
+typedef struct {
+    int index;
+    char failure[200];
+} worker_t;
+
+static void *round_trip_worker(void *arg) {
+    worker_t *w = arg;
+    char ch[128], text[64];
+    int i;
+    if (new_channel(A, ch, sizeof ch) != CN_OK) {
+        snprintf(w->failure, sizeof w->failure, "new_channel: %s", cn_last_error());
+        return NULL;
+    }
+    for (i = 0; i < ROUNDS; i++) {
+        body_t b;
+        msg_t m = {NULL, 0};
+        cn_status st;
+        snprintf(text, sizeof text, "thread-%d-round-%d", w->index, i);
+        b = body_of(text);
+        st = cn_send(B, ch, b.data, b.len, NULL, NULL, NULL);
+        if (st == CN_OK) {
+            st = recv_msg(A, ch, 5000, &m, NULL);
+        }
+        if (st != CN_OK || !msg_is(&m, &b)) {
+            snprintf(w->failure, sizeof w->failure, "round %d: status %d, %s", i, (int)st,
+                     st == CN_OK ? "wrong body" : cn_last_error());
+            msg_free(&m);
+            return NULL;
+        }
+        msg_free(&m);
+    }
+    return NULL;
+}
+
+static int check_threads(char *why) {
+    pthread_t t[THREADS];
+    worker_t w[THREADS];
+    int i, ok = 1;
+    for (i = 0; i < THREADS; i++) {
+        w[i].index = i;
+        w[i].failure[0] = '\0';
+        pthread_create(&t[i], NULL, round_trip_worker, &w[i]);
+    }
+    for (i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        if (w[i].failure[0] && ok) {
+            snprintf(why, WHYLEN, "thread %d: %s", i, w[i].failure);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+static int check_close_clients(char *why) {
+    EXPECT_OK(cn_close(A, NULL, NULL));
+    EXPECT_OK(cn_close(B, NULL, NULL));
+    EXPECT_FAIL(cn_flush(A), CN_CLOSED);
+    A = B = 0;
+    return 1;
+out:
+    return 0;
+}
+
+/* ---- main ------------------------------------------------------------------------------- */
+
+typedef int (*check_fn)(char *why);
+
+static void run(const char *name, check_fn fn) {
+    char why[WHYLEN];
+    why[0] = '\0';
+    report(name, fn(why), why);
+}
+
+static int leak_selftest(void) {
+    cn_client c = 0;
+    char *name = NULL;
+    if (connect_wait(&c) != CN_OK || cn_new_channel(c, NULL, NULL, NULL, &name, NULL) != CN_OK) {
+        fprintf(stderr, "leak-selftest: %s\n", cn_last_error());
+        return 1;
+    }
+    printf("leak-selftest: left %s (%zu bytes) unfreed on purpose\n", name, strlen(name) + 1);
+    name = NULL; /* lose the pointer: valgrind must call it definitely lost */
+    cn_close(c, NULL, NULL);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *env;
+    char ch1[128] = "", ch2[128] = "", group[64];
+    int timeout = 90;
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s NATS_URL [--leak-selftest]\n", argv[0]);
+        return 2;
+    }
+    g_url = argv[1];
+    if ((env = getenv("CTEST_TIMEOUT")) != NULL && atoi(env) > 0) {
+        timeout = atoi(env);
+    }
+    if ((env = getenv("CTEST_SCALE")) != NULL && atoi(env) > 0) {
+        g_scale = atoi(env);
+    }
+    result_init(&g_sink);
+    alarm((unsigned)timeout); /* a hang ends the run (SIGALRM kills) instead of blocking CI */
+    snprintf(g_prefix, sizeof g_prefix, "ctest%ld", (long)getpid());
+    snprintf(group, sizeof group, "fan%ld", (long)getpid());
+    if (argc > 2 && strcmp(argv[2], "--leak-selftest") == 0) {
+        return leak_selftest();
+    }
+
+    run("version_and_status_text", check_version_status_text);
+    run("connect_wait", check_connect_wait);
+    if (A == 0 || B == 0) { /* connect_wait failed: the other checks need the clients */
+        printf("(the remaining checks need a connection and did not run)\n");
+        printf("%d passed, %d failed\n", g_passed, g_failed);
+        return 1;
+    }
+    run("connect_pending", check_connect_pending);
+    run("connect_no_server", check_connect_no_server);
+    run("new_channel", check_new_channel);
+    run("send_receive_immediate", check_send_receive_immediate);
+    run("pending_receive", check_pending_receive);
+    run("plain_channel_shared", check_plain_channel_shared);
+    {
+        char why[WHYLEN];
+        why[0] = '\0';
+        report("group_fanout", check_group_fanout(why, ch1, ch2, group), why);
+    }
+    run("group_fanout_two_clients", check_group_fanout_clients);
+    {
+        char why[WHYLEN];
+        why[0] = '\0';
+        report("group_discard", check_group_discard(why, ch1, ch2, group), why);
+    }
+    run("cancel_before_delivery", check_cancel_before_delivery);
+    run("put_back", check_put_back);
+    run("stats", check_stats);
+    run("flush", check_flush);
+    run("errors", check_errors);
+    run("callback_rules", check_callback_rules);
+    run("cancel_unknown_op", check_cancel_unknown_op);
+    run("receive_process_prefix", check_receive_process_prefix);
+    run("close_abandons_connect", check_close_abandons_connect);
+    run("threads", check_threads);
+    run("waiting_receive_closed", check_waiting_receive_closed);
+    run("pending_close", check_pending_close);
+    run("close_clients", check_close_clients);
+
+    printf("%d passed, %d failed\n", g_passed, g_failed);
+    fflush(stdout);
+    return g_failed == 0 ? 0 : 1;
+}
