@@ -46,6 +46,7 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 	cfg.Log = c.logRecord
 	ctx, cancel := context.WithCancel(context.Background())
 	c.connecting = cancel
+	issued.Store(c.id, struct{}{})
 	clients.Store(c.id, c)
 	*out = C.cn_client(c.id)
 

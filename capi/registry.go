@@ -14,11 +14,12 @@ import (
 	"github.com/channels-nats/channels-nats/layer"
 )
 
-// Handles of clients and operations come from one counter, so no handle is ever reused and a
-// handle below the counter that is not registered was closed.
+// Handles of clients and operations come from one counter, so no handle is ever reused and
+// one kind of handle is never taken for the other.
 var (
 	lastHandle atomic.Uint64
-	clients    sync.Map // uint64 -> *client
+	clients    sync.Map // uint64 -> *client, while open
+	issued     sync.Map // uint64 -> struct{}: every client handle ever issued, to tell closed from unknown
 )
 
 func nextHandle() uint64 { return lastHandle.Add(1) }
@@ -42,14 +43,13 @@ type client struct {
 // lookup finds a client by handle.
 func lookup(h C.cn_client) (*client, error) {
 	id := uint64(h)
-	if id == 0 || id > lastHandle.Load() {
-		return nil, errInvalidHandle
+	if v, ok := clients.Load(id); ok {
+		return v.(*client), nil
 	}
-	v, ok := clients.Load(id)
-	if !ok {
+	if _, ok := issued.Load(id); ok {
 		return nil, layer.ErrClosed
 	}
-	return v.(*client), nil
+	return nil, errInvalidHandle
 }
 
 // connected returns the client's layer, or why it cannot be used now.
