@@ -6,10 +6,11 @@
 GO          ?= go
 BUILD       ?= build
 GOTESTFLAGS ?=
+PYTESTFLAGS ?=
 FUZZTIME    ?= 8s
 
 .DEFAULT_GOAL := help
-.PHONY: help server lib lint-go test-go test-c examples fuzz-smoke fuzz test clean
+.PHONY: help server lib venv lint lint-go lint-py test-go test-py test-c examples install-check fuzz-smoke fuzz test clean
 
 help: ## List the targets
 	@echo "Targets:"
@@ -23,6 +24,30 @@ server: ## Build build/nats-server from the nats-server module pinned in go.mod
 
 lib: ## Build the C library and header for this machine into build/<goos>-<goarch>/
 	capi/build.sh
+
+VENV    := $(BUILD)/venv
+PYTHON  := $(VENV)/bin/python
+PYRIGHT := $(BUILD)/node/node_modules/.bin/pyright
+PYRIGHT_VERSION := 1.1.414
+LIB_FILE = $(BUILD)/$(shell $(GO) env GOOS)-$(shell $(GO) env GOARCH)/libchannels_nats.so
+
+venv: $(VENV)/.installed ## The Python development environment in build/venv (pinned: python/requirements-dev.txt)
+
+$(VENV)/.installed: python/requirements-dev.txt
+	@echo "venv: creating $(VENV) and installing python/requirements-dev.txt"
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r python/requirements-dev.txt
+	@touch $@
+
+$(PYRIGHT):
+	@echo "pyright: installing pyright $(PYRIGHT_VERSION) from npm into $(BUILD)/node"
+	npm install --silent --no-audit --no-fund --prefix $(BUILD)/node pyright@$(PYRIGHT_VERSION)
+
+lint: lint-go lint-py ## Every linter: gofmt, go vet, ruff, pyright
+
+lint-py: venv $(PYRIGHT) ## ruff (lint and format check) and pyright on python/
+	cd python && ../$(VENV)/bin/ruff check . && ../$(VENV)/bin/ruff format --check .
+	$(PYRIGHT) --pythonpath $(PYTHON) -p python
 
 # The Go files to check with gofmt: everything except build output, VCS data and testdata.
 GO_FILES = $(shell find . \( -name .git -o -name $(BUILD) -o -name testdata -o -name .venv \) -prune \
@@ -63,24 +88,35 @@ fuzz-smoke: ## Run every Go fuzz target for FUZZTIME (default 8s)
 fuzz: ## Long fuzz run: fuzz-smoke with FUZZTIME=2m per target
 	@$(MAKE) --no-print-directory fuzz-smoke FUZZTIME=2m
 
+test-py: lib server venv ## The Python package's tests (pytest) against nats-servers built from the Go module
+	cd python && CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) NATS_SERVER=$(abspath $(BUILD)/nats-server) \
+		../$(PYTHON) -m pytest $(PYTESTFLAGS)
+
+install-check: venv server ## pip install ./python into a fresh venv (builds the library with Go), then two processes group_send
+	bash python/install-check.sh
+
 test-c: lib server ## The C harness against a real nats-server: checks, fork guard, valgrind, header as C++
 	bash capi/ctest/run.sh
 
 examples: lib server ## Build and run the C and Rust examples against a real nats-server
 	bash examples/run.sh
 
-test: ## The one test command: lint, Go race tests (layer and C ABI), C harness, examples, fuzz
-	@echo "==> [1/6] lint-go: gofmt and go vet"
-	@$(MAKE) --no-print-directory lint-go
-	@echo "==> [2/6] lib, server: the C library and nats-server"
+test: ## The one test command: linters, Go race tests, C harness, examples, Python tests, fuzz
+	@echo "==> [1/8] lint: gofmt, go vet, ruff, pyright"
+	@$(MAKE) --no-print-directory lint
+	@echo "==> [2/8] lib, server: the C library and nats-server"
 	@$(MAKE) --no-print-directory lib server
-	@echo "==> [3/6] test-go: go test -race (layer/ and the C ABI through purego)"
+	@echo "==> [3/8] test-go: go test -race (layer/ and the C ABI through purego)"
 	@$(MAKE) --no-print-directory test-go
-	@echo "==> [4/6] test-c: the C harness, fork guard and valgrind"
+	@echo "==> [4/8] test-c: the C harness, fork guard and valgrind"
 	@$(MAKE) --no-print-directory test-c
-	@echo "==> [5/6] examples: C and Rust"
+	@echo "==> [5/8] examples: C and Rust"
 	@$(MAKE) --no-print-directory examples
-	@echo "==> [6/6] fuzz-smoke: every fuzz target for $(FUZZTIME)"
+	@echo "==> [6/8] test-py: the Python package (pytest)"
+	@$(MAKE) --no-print-directory test-py
+	@echo "==> [7/8] install-check: pip install ./python into a fresh venv"
+	@$(MAKE) --no-print-directory install-check
+	@echo "==> [8/8] fuzz-smoke: every fuzz target for $(FUZZTIME)"
 	@$(MAKE) --no-print-directory fuzz-smoke
 	@echo "==> all tests passed"
 

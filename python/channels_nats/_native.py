@@ -1,0 +1,166 @@
+"""Loading the native library, and what its status codes mean in Python.
+
+The library (a Go runtime) is loaded on first use, never at import: a process that forks after
+the Go runtime started cannot use it, and Django imports the backend long before it is used
+(S21). The cffi declarations come from the C header shipped beside the library, so they cannot
+drift from it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any, NoReturn
+
+import cffi
+from channels.exceptions import MessageTooLarge
+
+LIBRARY_ENV = "CHANNELS_NATS_LIBRARY"
+"""Environment variable naming a library file to use instead of the bundled one."""
+
+FORK_ERROR = (
+    "channels_nats: this process was forked after the NATS library was loaded, and a forked "
+    "copy of its Go runtime cannot run. Create the channel layer in the worker process after the "
+    "fork (for example: no gunicorn --preload that touches the layer, or multiprocessing with the "
+    "'spawn' start method)."
+)
+
+
+class ChannelLayerClosed(RuntimeError):
+    """A receive was waiting (or a call was made) while the layer was being closed."""
+
+
+class _State:
+    lib: Any = None
+    ffi: cffi.FFI | None = None
+    loaded_by: int = 0
+    forked = False
+
+
+_state = _State()
+_load_lock = threading.Lock()
+
+
+def library_file_name() -> str:
+    if sys.platform == "win32":
+        return "channels_nats.dll"
+    if sys.platform == "darwin":
+        return "libchannels_nats.dylib"
+    return "libchannels_nats.so"
+
+
+def library_path() -> Path:
+    """The library to load: $CHANNELS_NATS_LIBRARY, else the one inside the package."""
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        return Path(override)
+    return Path(str(resources.files(__package__ or "channels_nats"))) / library_file_name()
+
+
+def cdef_from_header(text: str) -> str:
+    """Turns include/channels_nats.h into declarations cffi can parse."""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    kept = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#") or stripped in ('extern "C" {', "}"):
+            continue
+        kept.append(line.replace("CN_EXTERN ", ""))
+    return "\n".join(kept)
+
+
+def _after_fork_in_child() -> None:
+    if _state.lib is not None:
+        _state.forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def load() -> tuple[cffi.FFI, Any]:
+    """Loads the library on first use and returns (ffi, lib)."""
+    if _state.forked:
+        raise RuntimeError(FORK_ERROR)
+    if _state.lib is not None:
+        return _state.ffi, _state.lib  # type: ignore[return-value]
+    with _load_lock:
+        if _state.lib is None:
+            path = library_path()
+            header = path.with_name("channels_nats.h")
+            if not path.is_file() or not header.is_file():
+                raise RuntimeError(
+                    f"channels_nats: the native library is missing ({path} and {header}); "
+                    f"reinstall the package, or set {LIBRARY_ENV} to a library built with 'make lib'"
+                )
+            ffi = cffi.FFI()
+            ffi.cdef(cdef_from_header(header.read_text(encoding="utf-8")))
+            lib = ffi.dlopen(str(path))
+            _state.ffi, _state.lib, _state.loaded_by = ffi, lib, os.getpid()
+    return _state.ffi, _state.lib  # type: ignore[return-value]
+
+
+def text(pointer: Any) -> str:
+    """A C string from the library as str (never NULL)."""
+    ffi, _ = load()
+    value = ffi.string(pointer)
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def version() -> str:
+    """The version of the native library (loads it)."""
+    _, lib = load()
+    return text(lib.cn_version())
+
+
+# Status codes of include/channels_nats.h.
+OK = 0
+PENDING = 1
+INVALID_CONFIG = 4
+INVALID_NAME = 5
+INVALID_MESSAGE = 6
+MESSAGE_TOO_LARGE = 7
+FOREIGN_CHANNEL = 8
+CLOSED = 10
+NOT_PENDING = 12
+NO_SERVER = 14
+TIMEOUT = 15
+FORKED = 16
+
+
+def error_for(status: int, detail: str) -> BaseException:
+    """The exception a failed call raises."""
+    if status in (INVALID_NAME, INVALID_CONFIG, INVALID_MESSAGE):
+        return TypeError(detail)
+    if status == MESSAGE_TOO_LARGE:
+        return MessageTooLarge(detail)
+    if status == FOREIGN_CHANNEL:
+        return ValueError(detail)
+    if status == CLOSED:
+        return ChannelLayerClosed(detail or "channels_nats: the layer is closed")
+    if status == NO_SERVER:
+        return ConnectionError(detail)
+    if status == TIMEOUT:
+        return TimeoutError(detail)
+    if status == FORKED:
+        return RuntimeError(FORK_ERROR)
+    return RuntimeError(f"channels_nats: {detail or 'error ' + str(status)}")
+
+
+def last_error() -> str:
+    _, lib = load()
+    return text(lib.cn_last_error())
+
+
+def check(status: int) -> int:
+    """Returns status when it is OK or PENDING; raises the matching exception otherwise."""
+    if status in (OK, PENDING):
+        return status
+    raise_for(status, last_error())
+
+
+def raise_for(status: int, detail: str) -> NoReturn:
+    raise error_for(status, detail)

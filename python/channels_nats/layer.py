@@ -1,0 +1,377 @@
+"""NatsChannelLayer: the Django Channels layer on top of the native library."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import re
+import threading
+import weakref
+from typing import Any, ClassVar, cast
+
+import msgpack
+from channels.exceptions import ChannelFull, MessageTooLarge
+from channels.layers import BaseChannelLayer
+
+from . import _bridge, _native
+
+CONNECT_OPTIONS = frozenset(
+    {
+        "name",
+        "token",
+        "user",
+        "password",
+        "creds",
+        "nkey_seed",
+        "tls_cert",
+        "tls_key",
+        "tls_ca",
+        "tls_handshake_first",
+        "dont_randomize",
+        "reconnect_time_wait",
+        "max_reconnect_attempts",
+        "reconnect_buffer_size",
+        "connect_timeout",
+        "drain_timeout",
+        "flush_timeout",
+        "pending_msgs_limit",
+    }
+)
+"""The keys of CONFIG["connect_options"] (the library checks them too)."""
+
+CONFIG_KEYS = (
+    "servers",
+    "prefix",
+    "expiry",
+    "group_expiry",
+    "capacity",
+    "channel_capacity",
+    "mailbox_grace",
+    "release_linger",
+    "connect_options",
+)
+"""The keys of a CHANNEL_LAYERS CONFIG block."""
+
+
+class _Connecting(_bridge.Pending):
+    """A connect in progress; every caller that needs the client meanwhile waits for it, on its
+    own loop."""
+
+    def __init__(self, layer: NatsChannelLayer) -> None:
+        self.layer = layer
+        self.client = 0
+        self.status = _native.PENDING
+        self.detail = ""
+        self.waiters: list[tuple[_bridge.LoopInbox, asyncio.Future[None]]] = []
+        self.register()
+
+    def finish(self, status: int, detail: str, body: bytes | None) -> None:
+        layer = self.layer
+        with layer._lock:  # pyright: ignore[reportPrivateUsage]
+            self.status, self.detail = status, detail
+            if layer._connecting is self:  # pyright: ignore[reportPrivateUsage]
+                layer._connecting = None  # pyright: ignore[reportPrivateUsage]
+                if status == _native.OK:
+                    layer._client = self.client  # pyright: ignore[reportPrivateUsage]
+            waiters, self.waiters = self.waiters, []
+        for inbox, future in waiters:
+            inbox.push(lambda f=future: None if f.done() else f.set_result(None))
+
+    def result(self) -> int:
+        if self.status != _native.OK:
+            _native.raise_for(self.status, self.detail)
+        return self.client
+
+
+class NatsChannelLayer(BaseChannelLayer):
+    """A channel layer on NATS (see the README for CONFIG and semantics).
+
+    One instance holds one NATS connection per process, shared by every event loop and thread
+    that uses it. It connects on first use; close() ends the connection, and the next call opens
+    a new one with a new client id.
+    """
+
+    extensions: ClassVar[list[str]] = ["groups"]
+    MessageTooLarge: ClassVar[type[Exception]] = MessageTooLarge
+    ChannelFull: ClassVar[type[Exception]] = ChannelFull  # never raised: full mailboxes drop and count (S2)
+
+    def __init__(
+        self,
+        servers: str | list[str] | tuple[str, ...] = "nats://127.0.0.1:4222",
+        prefix: str = "channels",
+        expiry: float = 60,
+        group_expiry: float = 86400,
+        capacity: int = 100,
+        channel_capacity: dict[Any, int] | None = None,
+        mailbox_grace: float = 60,
+        release_linger: float = 0.3,
+        connect_options: dict[str, Any] | None = None,
+        **unknown: Any,
+    ) -> None:
+        if unknown:
+            raise TypeError(
+                f"NatsChannelLayer: unknown config key(s) {', '.join(sorted(unknown))}; "
+                f"known keys: {', '.join(CONFIG_KEYS)}"
+            )
+        # Channels types expiry as int; this layer takes fractions of a second too.
+        super().__init__(expiry=expiry, capacity=capacity, channel_capacity=channel_capacity)  # pyright: ignore[reportArgumentType]
+        self.group_expiry = group_expiry
+        options = dict(connect_options or {})
+        bad = sorted(set(options) - CONNECT_OPTIONS)
+        if bad:
+            raise TypeError(
+                f"NatsChannelLayer: unknown connect_options key(s) {', '.join(bad)}; "
+                f"known keys: {', '.join(sorted(CONNECT_OPTIONS))}"
+            )
+        if isinstance(servers, str):
+            servers = [servers]
+        if not servers or not all(isinstance(s, str) for s in servers):
+            raise TypeError("NatsChannelLayer: servers must be a URL or a list of URLs")
+        config: dict[str, Any] = {
+            "servers": list(servers),
+            "prefix": prefix,
+            "expiry": expiry,
+            "group_expiry": group_expiry,
+            "capacity": capacity,
+            "channel_capacity": _capacity_rules(channel_capacity or {}),
+            "mailbox_grace": mailbox_grace,
+            "release_linger": release_linger,
+            "connect_options": options,
+        }
+        for key in ("expiry", "group_expiry", "capacity", "mailbox_grace", "release_linger"):
+            value = config[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise TypeError(f"NatsChannelLayer: {key} must be a number >= 0, not {value!r}")
+        self.prefix = prefix
+        self._config = json.dumps(config).encode()
+        self._lock = threading.Lock()
+        self._client = 0
+        self._connecting: _Connecting | None = None
+        _open_layers.add(self)
+
+    # ---- connection -------------------------------------------------------------------------
+
+    async def _connection(self) -> int:
+        """The client handle, connecting on first use. Returns without suspending when connected."""
+        if self._client:
+            return self._client
+        ffi, lib = _native.load()
+        complete, log = _bridge.callbacks()
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._client:
+                return self._client
+            attempt = self._connecting
+            if attempt is None:
+                attempt = self._connecting = _Connecting(self)
+                handle = ffi.new("cn_client *")
+                status = lib.cn_connect(self._config, log, ffi.NULL, complete, attempt.closure(), handle)
+                attempt.client = int(handle[0])
+                if status != _native.PENDING:  # refused before it started
+                    attempt.forget()
+                    self._connecting = None
+                    _native.check(status)
+            waiter: asyncio.Future[None] = loop.create_future()
+            attempt.waiters.append((_bridge.inbox_for(loop), waiter))
+        await waiter
+        return attempt.result()
+
+    # ---- channels ---------------------------------------------------------------------------
+
+    async def new_channel(self, prefix: str = "specific") -> str:
+        """A new process channel name of this client, with its mailbox ready (S1)."""
+        prefix = prefix.rstrip(".!")
+        client = await self._connection()
+        ffi, lib = _native.load()
+        out = ffi.new("char **")
+        detail, _ = await self._call(
+            lambda complete, closure, op: lib.cn_new_channel(client, prefix.encode(), complete, closure, out, op),
+            client,
+        )
+        if out[0] != ffi.NULL:
+            name = _native.text(out[0])
+            lib.cn_free(out[0])
+            return name
+        return detail
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        """Sends a message to a channel; a message nobody receives is lost (S1)."""
+        assert isinstance(message, dict), "message is not a dict"
+        self.require_valid_channel_name(channel)
+        assert "__asgi_channel__" not in message, "the __asgi_channel__ key is reserved"
+        body = _pack(message)
+        client = await self._connection()
+        _, lib = _native.load()
+        await self._call(
+            lambda complete, closure, op: lib.cn_send(client, channel.encode(), body, len(body), complete, closure, op),
+            client,
+        )
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        """The next message of a channel; cancelling it never loses a message (S14)."""
+        self.require_valid_channel_name(channel)
+        client = await self._connection()
+        ffi, lib = _native.load()
+        name = channel.encode()
+        body_out = ffi.new("uint8_t **")
+        len_out = ffi.new("size_t *")
+
+        def put_back(status: int, body: bytes | None) -> None:
+            if status == _native.OK and body is not None:
+                lib.cn_put_back(client, name, body, len(body))
+
+        _, body = await self._call(
+            lambda complete, closure, op: lib.cn_receive(client, name, complete, closure, body_out, len_out, op),
+            client,
+            abandon=put_back,
+        )
+        if body is None:  # finished at once
+            body = ffi.buffer(body_out[0], len_out[0])[:]
+            lib.cn_free(body_out[0])
+        return msgpack.unpackb(body, raw=False)
+
+    # ---- groups -----------------------------------------------------------------------------
+
+    async def group_add(self, group: str, channel: str) -> None:
+        """Adds a channel to a group in this process; returns once the server confirmed (S1)."""
+        self.require_valid_group_name(group)
+        self.require_valid_channel_name(channel)
+        client = await self._connection()
+        _, lib = _native.load()
+        await self._call(
+            lambda complete, closure, op: lib.cn_group_add(
+                client, group.encode(), channel.encode(), complete, closure, op
+            ),
+            client,
+        )
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        """Removes a channel from a group in this process."""
+        self.require_valid_group_name(group)
+        self.require_valid_channel_name(channel)
+        if not self._client:
+            return  # no client, no membership
+        _, lib = _native.load()
+        status = lib.cn_group_discard(self._client, group.encode(), channel.encode())
+        if status != _native.CLOSED:
+            _native.check(status)
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        """Sends a message to every member of a group, in every process: one publish."""
+        assert isinstance(message, dict), "message is not a dict"
+        self.require_valid_group_name(group)
+        body = _pack(message)
+        client = await self._connection()
+        _, lib = _native.load()
+        await self._call(
+            lambda complete, closure, op: lib.cn_group_send(
+                client, group.encode(), body, len(body), complete, closure, op
+            ),
+            client,
+        )
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Resets this layer's state in this process (S15); never raises on a dead connection."""
+        client = self._client
+        if not client:
+            return
+        _, lib = _native.load()
+        status = lib.cn_flush(client)
+        if status not in (_native.OK, _native.CLOSED):
+            _native.check(status)
+
+    async def close(self) -> None:
+        """Closes the connection (S16): waiting receives end with ChannelLayerClosed, buffered
+        publishes are drained within drain_timeout. Never raises. The next call reconnects."""
+        with self._lock:
+            client, self._client = self._client, 0
+            attempt, self._connecting = self._connecting, None
+        if attempt is not None:
+            client = attempt.client  # abandon the connect in progress
+        if not client:
+            return
+        _, lib = _native.load()
+        complete, _ = _bridge.callbacks()
+        done = _bridge.Completion()
+        status = lib.cn_close(client, complete, done.closure())
+        if status == _native.PENDING:
+            await asyncio.shield(done.future)
+        else:
+            done.forget()
+
+    def stats(self) -> dict[str, Any]:
+        """The counters of this layer's client (S20), or {} before it connected."""
+        client = self._client
+        if not client:
+            return {}
+        ffi, lib = _native.load()
+        out = ffi.new("char **")
+        _native.check(lib.cn_stats(client, out))
+        try:
+            return json.loads(ffi.string(out[0]))
+        finally:
+            lib.cn_free(out[0])
+
+    # ---- plumbing ---------------------------------------------------------------------------
+
+    async def _call(self, start: Any, client: int, abandon: _bridge.Abandon | None = None) -> tuple[str, bytes | None]:
+        """Starts an operation; awaits its callback only when it could not finish at once.
+
+        Returns (text, body) of a pending operation, or ("", None) when it finished at once.
+        """
+        ffi, lib = _native.load()
+        complete, _ = _bridge.callbacks()
+        completion = _bridge.Completion(abandon)
+        op = ffi.new("cn_op *")
+        status = start(complete, completion.closure(), op)
+        if status != _native.PENDING:
+            completion.forget()
+            _native.check(status)
+            return "", None
+        try:
+            return await completion.future
+        except asyncio.CancelledError:
+            if lib.cn_cancel(client, op[0]) == _native.OK:
+                completion.forget()  # withdrawn: its callback will not run
+            # Otherwise the callback runs or ran; settle() finds the future cancelled and hands
+            # the result to abandon (a received message goes back to its mailbox).
+            raise
+
+
+def _pack(message: dict[str, Any]) -> bytes:
+    try:
+        return cast(bytes, msgpack.packb(message, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TypeError(f"channels_nats: the message cannot be sent as msgpack: {e}") from e
+
+
+def _capacity_rules(channel_capacity: dict[Any, int]) -> list[dict[str, Any]]:
+    """channel_capacity for the library: globs stay globs, compiled patterns become regexes."""
+    rules: list[dict[str, Any]] = []
+    for pattern, capacity in channel_capacity.items():
+        if isinstance(pattern, re.Pattern):
+            rules.append({"regex": pattern.pattern, "capacity": capacity})
+        elif isinstance(pattern, str):
+            rules.append({"pattern": pattern, "capacity": capacity})
+        else:
+            raise TypeError(f"NatsChannelLayer: channel_capacity key {pattern!r} is not a glob or a compiled regex")
+    return rules
+
+
+_open_layers: weakref.WeakSet[NatsChannelLayer] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Closes every client before the interpreter goes away, so no library thread calls into a
+    finalizing interpreter."""
+    if _native._state.lib is None or _native._state.forked:  # pyright: ignore[reportPrivateUsage]
+        return
+    ffi, lib = _native.load()
+    for layer in list(_open_layers):
+        client, layer._client = layer._client, 0  # pyright: ignore[reportPrivateUsage]
+        if client:
+            lib.cn_close(client, ffi.NULL, ffi.NULL)

@@ -1,0 +1,76 @@
+"""Puts the native library and its header into the wheel.
+
+- CHANNELS_NATS_PREBUILT=<dir>: take libchannels_nats.* and channels_nats.h from <dir> (platform
+  wheels built elsewhere; CHANNELS_NATS_PLATFORM_TAG then names their platform).
+- Otherwise build them with Go from the repository this package sits in, or from the Go sources an
+  sdist carries (go/), with capi/build.sh.
+Editable installs get no library: point CHANNELS_NATS_LIBRARY at one built with `make lib`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+LIBRARY_NAMES = {"linux": "libchannels_nats.so", "darwin": "libchannels_nats.dylib", "win32": "channels_nats.dll"}
+
+
+def platform_tag() -> str:
+    """The wheel platform tag of this machine. Linux builds pin glibc 2.17 (capi/build.sh)."""
+    machine = platform.machine().lower()
+    if sys.platform.startswith("linux"):
+        arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+        return f"manylinux_2_17_{arch}.manylinux2014_{arch}"
+    return sysconfig.get_platform().replace("-", "_").replace(".", "_")
+
+
+def go_target() -> tuple[str, str]:
+    goos = "linux" if sys.platform.startswith("linux") else {"darwin": "darwin", "win32": "windows"}[sys.platform]
+    machine = platform.machine().lower()
+    goarch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}[machine]
+    return goos, goarch
+
+
+class CustomBuildHook(BuildHookInterface):  # pyright: ignore[reportMissingTypeArgument]
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        if self.target_name != "wheel" or version == "editable":
+            return
+        library_name = LIBRARY_NAMES["linux" if sys.platform.startswith("linux") else sys.platform]
+        prebuilt = os.environ.get("CHANNELS_NATS_PREBUILT")
+        if prebuilt:
+            source = Path(prebuilt)
+            tag = os.environ.get("CHANNELS_NATS_PLATFORM_TAG", platform_tag())
+        else:
+            source = self._build_with_go()
+            tag = platform_tag()
+        library = source / library_name
+        header = source / "channels_nats.h"
+        for path in (library, header):
+            if not path.is_file():
+                raise RuntimeError(f"channels-nats: {path} is missing")
+        build_data["force_include"][str(library)] = f"channels_nats/{library_name}"
+        build_data["force_include"][str(header)] = "channels_nats/channels_nats.h"
+        build_data["pure_python"] = False
+        build_data["tag"] = f"py3-none-{tag}"
+
+    def _build_with_go(self) -> Path:
+        here = Path(self.root)
+        for go_root in (here.parent, here / "go"):
+            if (go_root / "go.mod").is_file() and (go_root / "capi" / "build.sh").is_file():
+                break
+        else:
+            raise RuntimeError("channels-nats: no Go sources found to build the native library from")
+        goos, goarch = go_target()
+        self.app.display_info(f"channels-nats: building the native library with Go ({goos}/{goarch})")
+        try:
+            subprocess.run(["bash", str(go_root / "capi" / "build.sh"), goos, goarch], check=True)
+        except FileNotFoundError as e:
+            raise RuntimeError("channels-nats: building from source needs bash and Go on PATH") from e
+        return go_root / "build" / f"{goos}-{goarch}"
