@@ -123,11 +123,7 @@ func publish(h C.cn_client, name *C.char, what string, body *C.uint8_t, n C.size
 	if opOut != nil {
 		*opOut = 0
 	}
-	c, err := lookup(h)
-	if err != nil {
-		return fail(err)
-	}
-	l, err := c.connected()
+	c, l, err := usable(h)
 	if err != nil {
 		return fail(err)
 	}
@@ -173,6 +169,26 @@ func cngo_group_send(h C.cn_client, group *C.char, body *C.uint8_t, n C.size_t, 
 	return publish(h, group, "group", body, n, cb, closure, opOut, (*layer.Layer).GroupSendRaw)
 }
 
+// usable finds a client that can be used now: connected, not closing.
+func usable(h C.cn_client) (*client, *layer.Layer, error) {
+	c, err := lookup(h)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := c.connected()
+	return c, l, err
+}
+
+// membership copies the group and channel arguments of group_add and group_discard.
+func membership(group, channel *C.char) (string, string, error) {
+	g, err := goString(group, "group", true)
+	if err != nil {
+		return "", "", err
+	}
+	ch, err := goString(channel, "channel", true)
+	return g, ch, err
+}
+
 // cCopy returns a malloc'ed copy of b, which the host frees with cn_free.
 func cCopy(b []byte) *C.uint8_t {
 	if len(b) == 0 {
@@ -192,11 +208,7 @@ func cngo_receive(h C.cn_client, channel *C.char, cb C.cn_callback, closure C.ui
 		return fail(argError("body and len must not be NULL"))
 	}
 	*bodyOut, *lenOut = nil, 0
-	c, err := lookup(h)
-	if err != nil {
-		return fail(err)
-	}
-	l, err := c.connected()
+	c, l, err := usable(h)
 	if err != nil {
 		return fail(err)
 	}
@@ -253,11 +265,7 @@ func cngo_receive(h C.cn_client, channel *C.char, cb C.cn_callback, closure C.ui
 //export cngo_put_back
 func cngo_put_back(h C.cn_client, channel *C.char, body *C.uint8_t, n C.size_t) (st C.cn_status) {
 	defer recoverStatus(&st)
-	c, err := lookup(h)
-	if err != nil {
-		return fail(err)
-	}
-	l, err := c.connected()
+	_, l, err := usable(h)
 	if err != nil {
 		return fail(err)
 	}
@@ -319,11 +327,7 @@ func cngo_new_channel(h C.cn_client, prefix *C.char, cb C.cn_callback, closure C
 		return fail(argError("channel must not be NULL"))
 	}
 	*channelOut = nil
-	c, err := lookup(h)
-	if err != nil {
-		return fail(err)
-	}
-	l, err := c.connected()
+	c, l, err := usable(h)
 	if err != nil {
 		return fail(err)
 	}
@@ -343,19 +347,11 @@ func cngo_group_add(h C.cn_client, group, channel *C.char, cb C.cn_callback, clo
 	if opOut != nil {
 		*opOut = 0
 	}
-	c, err := lookup(h)
+	c, l, err := usable(h)
 	if err != nil {
 		return fail(err)
 	}
-	l, err := c.connected()
-	if err != nil {
-		return fail(err)
-	}
-	g, err := goString(group, "group", true)
-	if err != nil {
-		return fail(err)
-	}
-	ch, err := goString(channel, "channel", true)
+	g, ch, err := membership(group, channel)
 	if err != nil {
 		return fail(err)
 	}
@@ -367,19 +363,11 @@ func cngo_group_add(h C.cn_client, group, channel *C.char, cb C.cn_callback, clo
 //export cngo_group_discard
 func cngo_group_discard(h C.cn_client, group, channel *C.char) (st C.cn_status) {
 	defer recoverStatus(&st)
-	c, err := lookup(h)
+	_, l, err := usable(h)
 	if err != nil {
 		return fail(err)
 	}
-	l, err := c.connected()
-	if err != nil {
-		return fail(err)
-	}
-	g, err := goString(group, "group", true)
-	if err != nil {
-		return fail(err)
-	}
-	ch, err := goString(channel, "channel", true)
+	g, ch, err := membership(group, channel)
 	if err != nil {
 		return fail(err)
 	}
@@ -389,11 +377,7 @@ func cngo_group_discard(h C.cn_client, group, channel *C.char) (st C.cn_status) 
 //export cngo_flush
 func cngo_flush(h C.cn_client) (st C.cn_status) {
 	defer recoverStatus(&st)
-	c, err := lookup(h)
-	if err != nil {
-		return fail(err)
-	}
-	l, err := c.connected()
+	_, l, err := usable(h)
 	if err != nil {
 		return fail(err)
 	}
@@ -426,11 +410,7 @@ func cngo_stats(h C.cn_client, out **C.char) (st C.cn_status) {
 		return fail(argError("json must not be NULL"))
 	}
 	*out = nil
-	c, err := lookup(h)
-	if err != nil {
-		return fail(err)
-	}
-	l, err := c.connected()
+	_, l, err := usable(h)
 	if err != nil {
 		return fail(err)
 	}
