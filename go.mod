@@ -3,6 +3,7 @@ module github.com/channels-nats/channels-nats
 go 1.26.8
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/ebitengine/purego v0.11.3
 	github.com/nats-io/jwt/v2 v2.8.2
 	github.com/nats-io/nats-server/v2 v2.15.2

@@ -29,6 +29,11 @@ boot_done="$ref_dir/.debootstrap-done"
 suite="trixie"
 spec="channels-nats==0.10.*"
 
+# A module file of its own keeps go commands on the repository's module (go vet ./..., go mod tidy)
+# from walking the root, and from its /proc while the tests have it mounted.
+mkdir -p "$ref_dir"
+printf 'module reference_root_not_go_code\n' > "$ref_dir/go.mod"
+
 say() { echo "reference: $*"; }
 die() { echo "reference: cannot build the reference environment: $*" >&2; exit 2; }
 
