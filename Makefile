@@ -7,10 +7,11 @@ GO          ?= go
 BUILD       ?= build
 GOTESTFLAGS ?=
 PYTESTFLAGS ?=
+DEMO_ARGS   ?=
 FUZZTIME    ?= 8s
 
 .DEFAULT_GOAL := help
-.PHONY: help server lib venv lint lint-go lint-py test-go test-py test-c examples install-check fuzz-smoke fuzz test clean
+.PHONY: help server lib venv lint lint-go lint-py test-go test-py test-c examples install-check demo demo-check demo-browser fuzz-smoke fuzz test clean
 
 help: ## List the targets
 	@echo "Targets:"
@@ -48,6 +49,9 @@ lint: lint-go lint-py ## Every linter: gofmt, go vet, ruff, pyright
 lint-py: venv $(PYRIGHT) ## ruff (lint and format check) and pyright on python/
 	cd python && ../$(VENV)/bin/ruff check . && ../$(VENV)/bin/ruff format --check .
 	$(PYRIGHT) --pythonpath $(PYTHON) -p python
+	$(VENV)/bin/ruff check --config python/pyproject.toml examples/chat examples/demo
+	$(VENV)/bin/ruff format --check --config python/pyproject.toml examples/chat examples/demo
+	$(PYRIGHT) --pythonpath $(PYTHON) examples/chat examples/demo
 
 # The Go files to check with gofmt: everything except build output, VCS data and testdata.
 GO_FILES = $(shell find . \( -name .git -o -name $(BUILD) -o -name testdata -o -name .venv \) -prune \
@@ -95,28 +99,41 @@ test-py: lib server venv ## The Python package's tests (pytest) against nats-ser
 install-check: venv server ## pip install ./python into a fresh venv (builds the library with Go), then two processes group_send
 	bash python/install-check.sh
 
+demo: lib server venv ## Start nats-server, two Django chat processes and the Go front; prove a message crosses; serve until Ctrl-C
+	@CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/demo.py $(DEMO_ARGS)
+
+demo-check: lib server venv ## The demo's self-check: proof lines both ways (and through the Go front), then stop
+	CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/demo.py --check --require-gofront
+
+demo-browser: lib server venv ## Headless Chromium types into the chat on each process and sees it on the others
+	CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/browser_check.py --require-gofront
+
 test-c: lib server ## The C harness against a real nats-server: checks, fork guard, valgrind, header as C++
 	bash capi/ctest/run.sh
 
 examples: lib server ## Build and run the C and Rust examples against a real nats-server
 	bash examples/run.sh
 
-test: ## The one test command: linters, Go race tests, C harness, examples, Python tests, fuzz
-	@echo "==> [1/8] lint: gofmt, go vet, ruff, pyright"
+test: ## The one test command: linters, Go race tests, C harness, examples, Python tests, demo, fuzz
+	@echo "==> [1/10] lint: gofmt, go vet, ruff, pyright"
 	@$(MAKE) --no-print-directory lint
-	@echo "==> [2/8] lib, server: the C library and nats-server"
+	@echo "==> [2/10] lib, server: the C library and nats-server"
 	@$(MAKE) --no-print-directory lib server
-	@echo "==> [3/8] test-go: go test -race (layer/ and the C ABI through purego)"
+	@echo "==> [3/10] test-go: go test -race (layer/, the C ABI through purego, the Go front)"
 	@$(MAKE) --no-print-directory test-go
-	@echo "==> [4/8] test-c: the C harness, fork guard and valgrind"
+	@echo "==> [4/10] test-c: the C harness, fork guard and valgrind"
 	@$(MAKE) --no-print-directory test-c
-	@echo "==> [5/8] examples: C and Rust"
+	@echo "==> [5/10] examples: C and Rust"
 	@$(MAKE) --no-print-directory examples
-	@echo "==> [6/8] test-py: the Python package (pytest)"
+	@echo "==> [6/10] test-py: the Python package (pytest)"
 	@$(MAKE) --no-print-directory test-py
-	@echo "==> [7/8] install-check: pip install ./python into a fresh venv"
+	@echo "==> [7/10] install-check: pip install ./python into a fresh venv"
 	@$(MAKE) --no-print-directory install-check
-	@echo "==> [8/8] fuzz-smoke: every fuzz target for $(FUZZTIME)"
+	@echo "==> [8/10] demo-check: two Django processes and the Go front chat through NATS"
+	@$(MAKE) --no-print-directory demo-check
+	@echo "==> [9/10] demo-browser: headless Chromium on every process"
+	@$(MAKE) --no-print-directory demo-browser
+	@echo "==> [10/10] fuzz-smoke: every fuzz target for $(FUZZTIME)"
 	@$(MAKE) --no-print-directory fuzz-smoke
 	@echo "==> all tests passed"
 
