@@ -81,6 +81,11 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def forked() -> bool:
+    """Whether this process was forked after the library was loaded (it cannot use it)."""
+    return _state.forked
+
+
 def load() -> tuple[cffi.FFI, Any]:
     """Loads the library on first use and returns (ffi, lib)."""
     if _state.forked:

@@ -291,8 +291,8 @@ class NatsChannelLayer(BaseChannelLayer):
             attempt, self._connecting = self._connecting, None
         if attempt is not None:
             client = attempt.client  # abandon the connect in progress
-        if not client:
-            return
+        if not client or _native.forked():
+            return  # a forked child cannot reach its parent's client: there is nothing to close
         _, lib = _native.load()
         complete, _ = _bridge.callbacks()
         done = _bridge.Completion()
