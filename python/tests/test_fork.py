@@ -203,8 +203,8 @@ def test_child_forked_after_loading_gets_a_clear_error_at_once(nats_url: str) ->
         assert "fork" in outcome, f"{name}: {outcome}"
         assert "worker process after the fork" in outcome, f"{name} names no fix: {outcome}"
         assert "'spawn'" in outcome, f"{name} names no fix: {outcome}"
-    # close() never raises on a live process (S16); in a forked child it must at least not hang.
-    assert outcomes["close"] == "returned None" or outcomes["close"].startswith("RuntimeError: "), outcomes["close"]
+    # close() never raises (S16): in a forked child there is nothing of the parent's to close.
+    assert outcomes["close"] == "returned None", outcomes["close"]
     assert max(elapsed.values()) < 2, elapsed  # at once, not after a timeout
 
 
