@@ -285,9 +285,10 @@ func cngo_put_back(h C.cn_client, channel *C.char, body *C.uint8_t, n C.size_t) 
 }
 
 // pendingOrNow runs a call that may wait on the network: at once when it need not wait, on the
-// calling thread when cb is NULL, else as a pending operation whose callback gets text().
+// calling thread when cb is NULL, else as a pending operation whose callback gets the text. undo
+// (if not nil) reverts a call that succeeded after the operation was withdrawn.
 func pendingOrNow(c *client, cb C.cn_callback, closure C.uintptr_t, opOut *C.cn_op,
-	call func(ctx context.Context) (string, error), done func(text string)) C.cn_status {
+	call func(ctx context.Context) (string, error), done func(text string), undo func()) C.cn_status {
 	text, err := call(layer.NoWait(context.Background()))
 	if !errors.Is(err, layer.ErrWouldBlock) {
 		if err == nil {
@@ -308,7 +309,9 @@ func pendingOrNow(c *client, cb C.cn_callback, closure C.uintptr_t, opOut *C.cn_
 	}
 	o.run(func() {
 		text, err := call(o.ctx)
-		o.finish(err, text, nil)
+		if !o.finish(err, text, nil) && err == nil && undo != nil {
+			undo() // cn_cancel won the race with the success: keep its promise
+		}
 	})
 	if opOut != nil {
 		*opOut = C.cn_op(o.id)
@@ -337,7 +340,8 @@ func cngo_new_channel(h C.cn_client, prefix *C.char, cb C.cn_callback, closure C
 	}
 	return pendingOrNow(c, cb, closure, opOut,
 		func(ctx context.Context) (string, error) { return l.NewChannel(ctx, p) },
-		func(name string) { *channelOut = C.CString(name) })
+		func(name string) { *channelOut = C.CString(name) },
+		nil) // an unreported channel is reclaimed after mailbox_grace
 }
 
 //export cngo_group_add
@@ -357,7 +361,8 @@ func cngo_group_add(h C.cn_client, group, channel *C.char, cb C.cn_callback, clo
 	}
 	return pendingOrNow(c, cb, closure, opOut,
 		func(ctx context.Context) (string, error) { return "", l.GroupAdd(ctx, g, ch) },
-		func(string) {})
+		func(string) {},
+		func() { _ = l.GroupDiscard(g, ch) })
 }
 
 //export cngo_group_discard

@@ -33,6 +33,7 @@ type mailbox struct {
 	readAt     time.Time // last time a reader waited or got a message (group expiry, S18)
 	dropping   bool      // in a spell of capacity drops ("has room again" is due at its end)
 	lingering  bool      // a release after ReleaseLinger is scheduled (S6)
+	releaseAt  time.Time // when that release may happen: ReleaseLinger after the last reader left
 	discharged bool      // removed from the layer; put-backs must go elsewhere
 }
 

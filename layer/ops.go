@@ -526,15 +526,28 @@ func (l *Layer) Flush() error {
 	return nil
 }
 
-// scheduleRelease releases plain channel mailbox mb after ReleaseLinger if it is still idle then
-// (S6). l.mu must be held.
+// scheduleRelease releases plain channel mailbox mb once it has been idle for ReleaseLinger since
+// the last reader left (S6). l.mu must be held.
 func (l *Layer) scheduleRelease(mb *mailbox) {
-	if mb.lingering || mb.discharged {
+	if mb.discharged {
 		return
 	}
-	mb.lingering = true
-	time.AfterFunc(l.cfg.ReleaseLinger, func() {
+	mb.releaseAt = time.Now().Add(l.cfg.ReleaseLinger)
+	if !mb.lingering {
+		mb.lingering = true
+		l.releaseAfter(mb, l.cfg.ReleaseLinger)
+	}
+}
+
+// releaseAfter arms the linger timer of mb; a reader that left meanwhile pushes the release back.
+func (l *Layer) releaseAfter(mb *mailbox, d time.Duration) {
+	time.AfterFunc(d, func() {
 		l.mu.Lock()
+		if wait := time.Until(mb.releaseAt); wait > 0 && !l.closed && !mb.discharged {
+			l.releaseAfter(mb, wait)
+			l.mu.Unlock()
+			return
+		}
 		mb.lingering = false
 		if l.closed || mb.discharged || !mb.idle() {
 			l.mu.Unlock()

@@ -103,7 +103,7 @@ class NatsChannelLayer(BaseChannelLayer):
         expiry: float = 60,
         group_expiry: float = 86400,
         capacity: int = 100,
-        channel_capacity: dict[Any, int] | None = None,
+        channel_capacity: dict[Any, int] | list[dict[str, Any]] | None = None,
         mailbox_grace: float = 60,
         release_linger: float = 0.3,
         connect_options: dict[str, Any] | None = None,
@@ -114,8 +114,12 @@ class NatsChannelLayer(BaseChannelLayer):
                 f"NatsChannelLayer: unknown config key(s) {', '.join(sorted(unknown))}; "
                 f"known keys: {', '.join(CONFIG_KEYS)}"
             )
+        capacities = _capacity_patterns(channel_capacity)
         # Channels types expiry as int; this layer takes fractions of a second too.
-        super().__init__(expiry=expiry, capacity=capacity, channel_capacity=channel_capacity)  # pyright: ignore[reportArgumentType]
+        super().__init__(expiry=expiry, capacity=capacity)  # pyright: ignore[reportArgumentType]
+        # The compiled list is what get_capacity() reads, as in Channels' own layers (the stubs
+        # describe the uncompiled dict).
+        self.channel_capacity = self.compile_capacities(capacities)  # pyright: ignore[reportAttributeAccessIssue]
         self.group_expiry = group_expiry
         options = dict(connect_options or {})
         bad = sorted(set(options) - CONNECT_OPTIONS)
@@ -134,7 +138,7 @@ class NatsChannelLayer(BaseChannelLayer):
             "expiry": expiry,
             "group_expiry": group_expiry,
             "capacity": capacity,
-            "channel_capacity": _capacity_rules(channel_capacity or {}),
+            "channel_capacity": _capacity_rules(capacities),
             "mailbox_grace": mailbox_grace,
             "release_linger": release_linger,
             "connect_options": options,
@@ -149,6 +153,19 @@ class NatsChannelLayer(BaseChannelLayer):
         self._client = 0
         self._connecting: _Connecting | None = None
         _open_layers.add(self)
+
+    # ---- names --------------------------------------------------------------------------------
+
+    def require_valid_channel_name(self, name: object, receive: bool = False) -> bool:
+        """Channels' rules, plus what a NATS subject needs, checked before any I/O (C1)."""
+        super().require_valid_channel_name(name, receive)  # raises TypeError unless a valid str
+        _require_subject_tokens("Channel", str(name).partition("!")[0])
+        return True
+
+    def require_valid_group_name(self, name: object) -> bool:
+        super().require_valid_group_name(name)
+        _require_subject_tokens("Group", str(name))
+        return True
 
     # ---- connection -------------------------------------------------------------------------
 
@@ -239,11 +256,17 @@ class NatsChannelLayer(BaseChannelLayer):
         self.require_valid_channel_name(channel)
         client = await self._connection()
         _, lib = _native.load()
+
+        def leave(status: int, _body: bytes | None) -> None:
+            if status == _native.OK:  # it completed for a caller that was cancelled: undo it (S14)
+                lib.cn_group_discard(client, group.encode(), channel.encode())
+
         await self._call(
             lambda complete, closure, op: lib.cn_group_add(
                 client, group.encode(), channel.encode(), complete, closure, op
             ),
             client,
+            abandon=leave,
         )
 
     async def group_discard(self, group: str, channel: str) -> None:
@@ -334,11 +357,27 @@ class NatsChannelLayer(BaseChannelLayer):
         try:
             return await completion.future
         except asyncio.CancelledError:
-            if lib.cn_cancel(client, op[0]) == _native.OK:
+            future = completion.future
+            if future.done() and not future.cancelled():
+                # The result arrived, but the task was cancelled before it could resume: nobody
+                # takes it, so it is returned (a received message goes back to its mailbox).
+                if future.exception() is None:
+                    completion.give_up(_native.OK, future.result()[1])
+            elif lib.cn_cancel(client, op[0]) == _native.OK:
                 completion.forget()  # withdrawn: its callback will not run
             # Otherwise the callback runs or ran; settle() finds the future cancelled and hands
-            # the result to abandon (a received message goes back to its mailbox).
+            # the result to abandon.
             raise
+
+
+def _require_subject_tokens(kind: str, part: str) -> None:
+    """The part of a name that becomes NATS subject tokens must not make an empty token, and
+    Channels' pattern lets a trailing newline through. The library checks the same again."""
+    if part.startswith(".") or part.endswith(".") or ".." in part or "\n" in part:
+        raise TypeError(
+            f"{kind} name {part!r}: a leading, trailing or doubled '.' (or a newline) "
+            "would make an invalid NATS subject"
+        )
 
 
 def _pack(message: dict[str, Any]) -> bytes:
@@ -346,6 +385,24 @@ def _pack(message: dict[str, Any]) -> bytes:
         return cast(bytes, msgpack.packb(message, use_bin_type=True))
     except (TypeError, ValueError, OverflowError) as e:
         raise TypeError(f"channels_nats: the message cannot be sent as msgpack: {e}") from e
+
+
+def _capacity_patterns(channel_capacity: dict[Any, int] | list[dict[str, Any]] | None) -> dict[Any, int]:
+    """channel_capacity as Channels takes it: {glob or compiled regex: capacity}, first match wins.
+    The list form of the C ABI configuration ({"pattern"|"regex": ..., "capacity": n}) is accepted too."""
+    if channel_capacity is None:
+        return {}
+    if isinstance(channel_capacity, dict):
+        return dict(channel_capacity)
+    patterns: dict[Any, int] = {}
+    for rule in channel_capacity:
+        if not isinstance(rule, dict) or ("pattern" in rule) == ("regex" in rule) or "capacity" not in rule:
+            raise TypeError(
+                f"NatsChannelLayer: channel_capacity rule {rule!r} needs a capacity and a pattern or a regex"
+            )
+        key = rule["pattern"] if "pattern" in rule else re.compile(rule["regex"])
+        patterns[key] = rule["capacity"]
+    return patterns
 
 
 def _capacity_rules(channel_capacity: dict[Any, int]) -> list[dict[str, Any]]:
