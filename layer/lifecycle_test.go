@@ -2149,3 +2149,32 @@ func TestLifecyclePutBackByChannelName(t *testing.T) {
 		}
 	}
 }
+
+// TestLifecycleLingerCountsFromTheLastReader: a plain channel is released ReleaseLinger after
+// its LAST reader left, not after the first of several back-to-back polls (S6).
+func TestLifecycleLingerCountsFromTheLastReader(t *testing.T) {
+	s := startServer(t)
+	cfg := testConfig(nil, s.url())
+	cfg.ReleaseLinger = 300 * time.Millisecond
+	a := connect(t, cfg)
+	subscribed := func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.subs[channelKey("polled")] != nil
+	}
+	poll := func(d time.Duration) {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		if _, err := a.ReceiveRaw(ctx, "polled"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("poll: %v", err)
+		}
+	}
+	poll(50 * time.Millisecond) // the first reader leaves: the linger starts
+	time.Sleep(200 * time.Millisecond)
+	poll(50 * time.Millisecond) // another reader comes and goes inside the linger
+	time.Sleep(150 * time.Millisecond)
+	if !subscribed() {
+		t.Fatal("released 400 ms after the first reader left, only 150 ms after the last one")
+	}
+	waitFor(t, 5*time.Second, "the release after the last reader's linger", func() bool { return !subscribed() })
+}
