@@ -4,13 +4,14 @@
   wheels built elsewhere; CHANNELS_NATS_PLATFORM_TAG then names their platform).
 - Otherwise build them with Go from the repository this package sits in, or from the Go sources an
   sdist carries (go/), with capi/build.sh.
-Editable installs get no library: point CHANNELS_NATS_LIBRARY at one built with `make lib`.
+An editable install (pip install -e) builds it with Go into the source package directory.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -40,9 +41,14 @@ def go_target() -> tuple[str, str]:
 
 class CustomBuildHook(BuildHookInterface):  # pyright: ignore[reportMissingTypeArgument]
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
-        if self.target_name != "wheel" or version == "editable":
+        if self.target_name != "wheel":
             return
         library_name = LIBRARY_NAMES["linux" if sys.platform.startswith("linux") else sys.platform]
+        if version == "editable":  # the package is imported from the source tree: put them there
+            built = self._build_with_go()
+            for name in (library_name, "channels_nats.h"):
+                shutil.copy2(built / name, Path(self.root) / "channels_nats" / name)
+            return
         prebuilt = os.environ.get("CHANNELS_NATS_PREBUILT")
         if prebuilt:
             source = Path(prebuilt)
@@ -67,6 +73,11 @@ class CustomBuildHook(BuildHookInterface):  # pyright: ignore[reportMissingTypeA
                 break
         else:
             raise RuntimeError("channels-nats: no Go sources found to build the native library from")
+        if shutil.which("go") is None:
+            raise RuntimeError(
+                "channels-nats: building from source needs Go 1.26 or later on PATH (https://go.dev/dl/); "
+                "or install a platform wheel, or set CHANNELS_NATS_PREBUILT to a directory with a built library"
+            )
         goos, goarch = go_target()
         self.app.display_info(f"channels-nats: building the native library with Go ({goos}/{goarch})")
         try:
