@@ -8,10 +8,11 @@ BUILD       ?= build
 GOTESTFLAGS ?=
 PYTESTFLAGS ?=
 DEMO_ARGS   ?=
+ARGS        ?=
 FUZZTIME    ?= 8s
 
 .DEFAULT_GOAL := help
-.PHONY: help server lib venv lint lint-go lint-py test-go test-py test-c examples install-check demo demo-check demo-browser fuzz-smoke fuzz test clean
+.PHONY: help server lib venv lint lint-go lint-py test-go test-py test-c examples install-check demo demo-check demo-browser bench fuzz-smoke fuzz test clean
 
 help: ## List the targets
 	@echo "Targets:"
@@ -108,6 +109,9 @@ demo-check: lib server venv ## The demo's self-check: proof lines both ways (and
 demo-browser: lib server venv ## Headless Chromium types into the chat on each process and sees it on the others
 	CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/browser_check.py --require-gofront
 
+bench: lib server venv ## Benchmarks: this layer vs the reference, channels_redis, in-memory, raw NATS (ARGS=...; see bench/README.md)
+	$(PYTHON) bench/run.py $(ARGS)
+
 test-c: lib server ## The C harness against a real nats-server: checks, fork guard, valgrind, header as C++
 	bash capi/ctest/run.sh
 
@@ -141,6 +145,4 @@ clean: ## Remove build/
 	rm -rf $(BUILD)
 
 # Planned targets, added by later issues (not defined yet, on purpose):
-#   demo    build the library and nats-server, then run the Django chat example against them
-#   bench   run the benchmarks against the reference layer, channels_redis and the in-memory layer
 #   wheels  build and check the platform wheels of the Python package

@@ -1,0 +1,625 @@
+"""Run the benchmark scenarios for every layer, then write JSON, a markdown table and a chart.
+
+    build/venv/bin/python bench/run.py [--scenarios fanout,pingpong] [--sizes 1000,10000]
+        [--procs 2,4] [--layers nats,reference,redis] [--repeats 3] [--skip-setup]
+
+Prerequisites are made first (make lib server venv, pip install -r bench/requirements.txt,
+redis-server from apt, the reference root via make-reference-env.sh); nats-server and
+redis-server are started on free loopback ports and stopped at the end. Each (scenario, params,
+layer) runs --repeats times in a fresh process with a timeout; the report keeps every run and
+the median, min and max of each metric. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
+RESULTS = BENCH / "results"
+BUILD = REPO / "build"
+VENV_PY = BUILD / "venv" / "bin" / "python"
+LIB = BUILD / "linux-amd64" / "libchannels_nats.so"
+NATS_SERVER = BUILD / "nats-server"
+RAW = BUILD / "bench" / "rawnats"
+MEMORY = BENCH / "memory.py"
+ROOT = BUILD / "reference" / "root"
+ROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+
+ALL_SCENARIOS = ("fanout", "saturation", "pingpong", "throughput", "connections", "memory")
+ALL_LAYERS = ("nats", "reference", "redis", "redis-pubsub", "inmemory", "raw")
+# Which layers each scenario runs for (raw: bench/rawnats; memory: bench/memory.py).
+SCENARIO_LAYERS = {
+    "fanout": ("nats", "reference", "redis", "redis-pubsub", "raw"),
+    "saturation": ("nats", "reference", "redis", "redis-pubsub", "raw"),
+    "pingpong": ("nats", "reference", "redis", "redis-pubsub", "raw"),
+    "throughput": ("nats", "reference", "redis", "redis-pubsub", "inmemory", "raw"),
+    "connections": ("nats", "reference", "redis", "redis-pubsub"),
+    "memory": ("nats", "reference", "redis", "redis-pubsub", "inmemory"),
+}
+# The figure each table row shows, per scenario, and whether lower is better.
+HEADLINE: dict[str, list[tuple[str, bool]]] = {
+    "fanout": [("p50_ms", True), ("p99_ms", True), ("deliveries_per_s", False)],
+    "saturation": [("deliveries_per_s", False)],
+    "pingpong": [("rtt_p50_ms", True), ("rtt_p99_ms", True)],
+    "throughput": [("messages_per_s", False)],
+    "connections": [("connections_opened", True)],
+    "memory": [("rss_per_consumer_kb", True)],
+}
+
+
+def say(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def output(cmd: list[str], **kwargs: Any) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kwargs).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unavailable ({exc.__class__.__name__})"
+
+
+def in_root(args: list[str]) -> list[str]:
+    return ["env", "-i", *(f"{k}={v}" for k, v in ROOT_ENV.items()), "chroot", str(ROOT), *args]
+
+
+# --- prerequisites ----------------------------------------------------------------------------
+
+
+def setup(args: argparse.Namespace, layers: set[str]) -> dict[str, str]:
+    """Build and install what the chosen layers need; returns {layer: reason} for unavailable ones."""
+    missing: dict[str, str] = {}
+    say("make lib server venv")
+    # Tool output goes to stderr: stdout ends with the markdown table only.
+    subprocess.run(["make", "--no-print-directory", "lib", "server", "venv"], cwd=REPO, check=True, stdout=sys.stderr)
+    say("pip install -r bench/requirements.txt into build/venv")
+    subprocess.run(
+        [
+            str(VENV_PY),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "-r",
+            str(BENCH / "requirements.txt"),
+        ],
+        check=True,
+        stdout=sys.stderr,
+    )
+    if layers & {"redis", "redis-pubsub"} and not shutil.which("redis-server"):
+        say("apt-get install -y redis-server")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        ok = (
+            subprocess.run(["apt-get", "install", "-y", "-qq", "redis-server"], env=env, stdout=sys.stderr).returncode
+            == 0
+        )
+        if not ok:
+            subprocess.run(["apt-get", "update", "-qq"], env=env, stdout=sys.stderr)
+            ok = (
+                subprocess.run(
+                    ["apt-get", "install", "-y", "-qq", "redis-server"], env=env, stdout=sys.stderr
+                ).returncode
+                == 0
+            )
+        if not ok:
+            missing["redis"] = missing["redis-pubsub"] = "apt-get install redis-server failed"
+    if "reference" in layers:
+        say("reference environment (python/tests/interop/make-reference-env.sh)")
+        script = str(REPO / "python/tests/interop/make-reference-env.sh")
+        if subprocess.run(["bash", script], cwd=REPO, stdout=sys.stderr).returncode:
+            missing["reference"] = "make-reference-env.sh failed (see its output)"
+    if "raw" in layers:
+        say("go build -o build/bench/rawnats ./bench/rawnats")
+        if not (BENCH / "rawnats").is_dir():
+            missing["raw"] = "bench/rawnats does not exist"
+        elif subprocess.run(["go", "build", "-o", str(RAW), "./bench/rawnats"], cwd=REPO, stdout=sys.stderr).returncode:
+            missing["raw"] = "go build ./bench/rawnats failed"
+    return missing
+
+
+class Servers:
+    """nats-server (with monitoring) and redis-server on free loopback ports."""
+
+    def __init__(self, want_redis: bool) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        port, mport = free_port(), free_port()
+        self.nats_url = f"nats://127.0.0.1:{port}"
+        self.monitor = f"http://127.0.0.1:{mport}"
+        say(f"nats-server on {self.nats_url}, monitoring {self.monitor}")
+        self.procs.append(
+            subprocess.Popen(
+                [str(NATS_SERVER), "-a", "127.0.0.1", "-p", str(port), "-m", str(mport)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        self.redis_url = ""
+        if want_redis and shutil.which("redis-server"):
+            rport = free_port()
+            self.redis_url = f"redis://127.0.0.1:{rport}"
+            say(f"redis-server on {self.redis_url}")
+            self.procs.append(
+                subprocess.Popen(
+                    ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        for url in (self.nats_url, self.redis_url):
+            if url:
+                self._wait(url)
+
+    @staticmethod
+    def _wait(url: str) -> None:
+        host, _, port = url.split("://", 1)[1].rpartition(":")
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise SystemExit(f"bench: {url} did not come up")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+class ProcMount:
+    """/proc bind-mounted into the reference root while its runs go (unmounted only if we mounted it)."""
+
+    def __init__(self) -> None:
+        self.mounted = False
+
+    def ensure(self) -> None:
+        target = ROOT / "proc"
+        if self.mounted or subprocess.run(["mountpoint", "-q", str(target)]).returncode == 0:
+            return
+        target.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", "/proc", str(target)], check=True)
+        self.mounted = True
+
+    def release(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", str(ROOT / "proc")])
+            self.mounted = False
+
+
+# --- the runs ---------------------------------------------------------------------------------
+
+
+def jobs(args: argparse.Namespace, layers: list[str]) -> list[tuple[str, dict[str, Any], str]]:
+    """(scenario, scenario args, layer) for every run, without repeats."""
+    out: list[tuple[str, dict[str, Any], str]] = []
+    for scenario in args.scenarios:
+        for params in scenario_params(args, scenario):
+            for layer in layers:
+                if layer in SCENARIO_LAYERS[scenario]:
+                    out.append((scenario, params, layer))
+    return out
+
+
+def scenario_params(args: argparse.Namespace, scenario: str) -> list[dict[str, Any]]:
+    if scenario == "fanout":
+        return [
+            {"members": n, "processes": p, "messages": args.messages, "gap": 0.01}
+            for n in args.sizes
+            for p in args.procs
+        ]
+    if scenario == "saturation":
+        return [
+            {"members": n, "processes": p, "messages": args.saturation_messages, "bound": 60}
+            for n in args.sizes
+            for p in args.procs
+        ]
+    if scenario == "pingpong":
+        return [{"rounds": args.rounds}]
+    if scenario == "throughput":
+        return [{"size": 100, "count": args.count}, {"size": 65536, "count": max(100, args.count // 5)}]
+    if scenario == "connections":
+        return [{"calls": 20}]
+    return [{"connections": args.consumers, "procs": 2}]  # memory
+
+
+def command(scenario: str, params: dict[str, Any], layer: str, servers: Servers) -> list[str]:
+    url = servers.redis_url if layer.startswith("redis") else servers.nats_url
+    flags = [f"--{k}={v}" for k, v in params.items()]
+    if scenario == "connections" and layer in ("nats", "reference"):
+        flags.append(f"--monitor={servers.monitor}")
+    if layer == "raw":
+        names = {"processes": "procs", "rounds": "roundtrips", "bound": "timeout"}
+        units = {"gap": "s", "bound": "s"}
+        raw_flags = [f"-{names.get(k, k)}={v}{units.get(k, '')}" for k, v in params.items()]
+        return [str(RAW), "-scenario", scenario, "-nats", url, *raw_flags]
+    if scenario == "memory":
+        where = "--redis" if layer.startswith("redis") else "--nats"
+        return [str(VENV_PY), str(MEMORY), "--layer", layer, where, url, *flags]
+    if layer == "reference":
+        return in_root(
+            ["/opt/ref/bin/python", "/opt/bench/scenarios.py", scenario, "--layer", layer, "--url", url, *flags]
+        )
+    return [str(VENV_PY), str(BENCH / "scenarios.py"), scenario, "--layer", layer, "--url", url, *flags]
+
+
+def run_one(cmd: list[str], timeout: float) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python"), "CHANNELS_NATS_LIBRARY": str(LIB)}
+    started = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f}s", "seconds": timeout}
+    seconds = time.time() - started
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        return {"error": f"exit {proc.returncode}: {tail}", "seconds": seconds}
+    try:
+        result = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return {"error": f"last stdout line is not JSON: {lines[-1][:200]}", "seconds": seconds}
+    result["seconds"] = seconds
+    metrics = result.get("metrics", {})
+    for key in list(metrics):  # bench/rawnats names its latencies latency_p50_ms and so on
+        if key.startswith("latency_") and key[len("latency_") :] not in metrics:
+            metrics[key[len("latency_") :]] = metrics[key]
+    return result
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """median, min, max of every numeric metric over the successful runs."""
+    ok = [r["metrics"] for r in runs if "metrics" in r]
+    out: dict[str, dict[str, float]] = {}
+    for key in ok[0] if ok else {}:
+        values = [m[key] for m in ok if isinstance(m.get(key), (int, float)) and not isinstance(m.get(key), bool)]
+        if values:
+            out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        else:
+            out[key] = {"all": all(m.get(key) for m in ok)}  # booleans: true only if every run was
+    return out
+
+
+# --- what was measured --------------------------------------------------------------------------
+
+
+def measured(missing: dict[str, str]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python"), "CHANNELS_NATS_LIBRARY": str(LIB)}
+    probe = (
+        "import importlib.metadata as m, channels_nats, platform;"
+        "print(channels_nats.__version__, m.version('channels'), m.version('channels-redis'),"
+        " platform.python_version())"
+    )
+    ours, channels_v, redis_layer, host_py = (output([str(VENV_PY), "-c", probe], env=env).split() + ["?"] * 4)[:4]
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "revision": output(["git", "describe", "--tags", "--always", "--dirty"], cwd=REPO),
+        "channels_nats": ours,
+        "channels": channels_v,
+        "channels_redis": redis_layer,
+        "python_host": host_py,
+        "nats_server": output([str(NATS_SERVER), "--version"]),
+        "redis_server": output(["redis-server", "--version"]) if shutil.which("redis-server") else "absent",
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "kernel": platform.release(),
+        "unavailable": missing,
+    }
+    if "reference" not in missing and ROOT.is_dir():
+        show = output(in_root(["/opt/ref/bin/pip", "show", "channels-nats"]))
+        info["reference_channels_nats"] = next(
+            (line.split(":", 1)[1].strip() for line in show.splitlines() if line.startswith("Version:")), show
+        )
+        info["python_root"] = output(
+            in_root(["/opt/ref/bin/python", "-c", "import platform; print(platform.python_version())"])
+        )
+    return info
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def row_label(scenario: str, params: dict[str, Any]) -> str:
+    if scenario in ("fanout", "saturation"):
+        return f"{scenario} N={params['members']} P={params['processes']} M={params['messages']}"
+    if scenario == "throughput":
+        return f"throughput {params['size']} B"
+    if scenario == "pingpong":
+        return f"pingpong K={params['rounds']}"
+    if scenario == "connections":
+        return f"async_to_sync x{params['calls']}"
+    return scenario
+
+
+def fmt(value: float) -> str:
+    if float(value).is_integer() and abs(value) < 1000:
+        return str(int(value))
+    if value >= 1000:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def markdown(report: dict[str, Any], layers: list[str]) -> str:
+    m = report["measured"]
+    lines = [
+        f"# Benchmark results {m['date']}",
+        "",
+        f"Revision `{m['revision']}`; {m['cpu_model']} x {m['cpu_count']};"
+        f" channels-nats {m['channels_nats']} (this layer),"
+        f" reference channels-nats {m.get('reference_channels_nats', 'n/a')} (Python {m.get('python_root', 'n/a')}),"
+        f" channels {m['channels']}, channels_redis {m['channels_redis']}, Python {m['python_host']},"
+        f" {m['nats_server']}, {m['redis_server'].split(' sha=')[0]}.",
+        f"Repeats per cell: {report['repeats']}; cells are median (min-max). Lower is better for ms and connections,"
+        " higher for /s. Ratios are ours/other on the medians.",
+        "",
+        "| scenario | metric | " + " | ".join(layers) + " | ours/reference | ours/redis |",
+        "|---|---|" + "---|" * (len(layers) + 2),
+    ]
+    for entry in report["results"]:
+        scenario, params = entry["scenario"], entry["params"]
+        for metric, _lower in HEADLINE.get(scenario, []):
+            cells: list[str] = []
+            medians: dict[str, float] = {}
+            for layer in layers:
+                run = entry["layers"].get(layer)
+                if run is None:
+                    cells.append("")
+                    continue
+                stats = run["summary"].get(metric)
+                if not stats or "median" not in stats:
+                    cells.append("failed" if run.get("errors") else "-")
+                    continue
+                medians[layer] = stats["median"]
+                cell = fmt(stats["median"])
+                if stats["min"] != stats["max"]:
+                    cell += f" ({fmt(stats['min'])}-{fmt(stats['max'])})"
+                complete = run["summary"].get("complete")
+                if complete is not None and not complete.get("all", True):
+                    cell += " incomplete"
+                cells.append(cell)
+
+            def ratio(other: str, medians: dict[str, float] = medians) -> str:
+                if "nats" in medians and medians.get(other):
+                    return f"{medians['nats'] / medians[other]:.2f}"
+                return ""
+
+            lines.append(
+                f"| {row_label(scenario, params)} | {metric} | "
+                + " | ".join(cells)
+                + f" | {ratio('reference')} | {ratio('redis')} |"
+            )
+    errors = [
+        f"- {row_label(e['scenario'], e['params'])} / {layer}: {err}"
+        for e in report["results"]
+        for layer, run in e["layers"].items()
+        for err in run.get("errors", [])
+    ]
+    unavailable = [f"- {layer}: {why}" for layer, why in m["unavailable"].items()]
+    if errors or unavailable:
+        lines += ["", "## Failures and unavailable layers", "", *unavailable, *errors]
+    return "\n".join(lines) + "\n"
+
+
+def chart(report: dict[str, Any], layers: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: list[tuple[str, str, list[dict[str, Any]]]] = []
+    for scenario, metric, title in (
+        ("fanout", "p99_ms", "fan-out p99 latency, ms (log; lower is better)"),
+        ("saturation", "deliveries_per_s", "saturation deliveries/s (log; higher is better)"),
+        ("pingpong", "rtt_p50_ms", "ping-pong round trip p50, ms (lower is better)"),
+        ("throughput", "messages_per_s", "one channel messages/s (log; higher is better)"),
+        ("connections", "connections_opened", "connections opened by async_to_sync x20"),
+        ("memory", "rss_per_consumer_kb", "RSS per idle consumer, KB (lower is better)"),
+    ):
+        entries = [e for e in report["results"] if e["scenario"] == scenario]
+        if entries:
+            panels.append((metric, title, entries))
+    if not panels:
+        return
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.4 * len(panels)), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for ax, (metric, title, entries) in zip((a[0] for a in axes), panels, strict=True):
+        present = [
+            layer for layer in layers if any(metric in e["layers"].get(layer, {}).get("summary", {}) for e in entries)
+        ]
+        width = 0.8 / max(1, len(present))
+        for li, layer in enumerate(present):
+            xs, ys, lo, hi = [], [], [], []
+            for xi, entry in enumerate(entries):
+                stats = entry["layers"].get(layer, {}).get("summary", {}).get(metric)
+                if stats and "median" in stats:
+                    xs.append(xi + (li - (len(present) - 1) / 2) * width)
+                    ys.append(stats["median"])
+                    lo.append(stats["median"] - stats["min"])
+                    hi.append(stats["max"] - stats["median"])
+            if xs:
+                ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=layer, color=colors(layers.index(layer)))
+        ax.set_xticks(range(len(entries)))
+        ax.set_xticklabels([row_label(e["scenario"], e["params"]) for e in entries], fontsize=8)
+        ax.set_title(title, fontsize=10)
+        if "log" in title:
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8, ncol=max(1, len(present)))
+    fig.suptitle(
+        f"channels-nats benchmarks {report['measured']['date']} ({report['measured']['revision']})", fontsize=11
+    )
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+# Rough seconds per run, for the ETA (measured on the 2-core development machine).
+ESTIMATE = {"fanout": 6.0, "saturation": 6.0, "pingpong": 4.0, "throughput": 2.0, "connections": 2.0, "memory": 20.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default="fanout,saturation,pingpong,throughput,connections,memory")
+    parser.add_argument("--layers", default=",".join(ALL_LAYERS))
+    parser.add_argument("--sizes", default="1000,10000", help="fan-out members (N)")
+    parser.add_argument("--procs", default="2,4", help="fan-out worker processes (P)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=50, help="fan-out group_sends (M)")
+    parser.add_argument("--saturation-messages", type=int, default=20, help="saturation group_sends")
+    parser.add_argument("--rounds", type=int, default=2000, help="ping-pong round trips (K)")
+    parser.add_argument("--count", type=int, default=2000, help="throughput messages (100 B; 64 KB gets a fifth)")
+    parser.add_argument("--consumers", type=int, default=2000, help="memory: idle WebSocket consumers")
+    parser.add_argument("--memory-repeats", type=int, default=1, help="repeats of the (slow) memory scenario")
+    parser.add_argument("--timeout", type=float, default=150, help="seconds per run")
+    parser.add_argument("--skip-setup", action="store_true", help="do not run make/pip/apt/reference setup")
+    parser.add_argument("--out", default="", help="name of the JSON file (default: UTC timestamp)")
+    args = parser.parse_args()
+    args.scenarios = [s for s in args.scenarios.split(",") if s]
+    args.sizes = [int(s) for s in args.sizes.split(",") if s]
+    args.procs = [int(p) for p in args.procs.split(",") if p]
+    layers = [layer for layer in args.layers.split(",") if layer]
+    for name, known in (("scenario", ALL_SCENARIOS), ("layer", ALL_LAYERS)):
+        chosen = args.scenarios if name == "scenario" else layers
+        bad = [c for c in chosen if c not in known]
+        if bad:
+            raise SystemExit(f"bench: unknown {name}(s) {bad}; known: {', '.join(known)}")
+
+    t0 = time.time()
+    missing = {} if args.skip_setup else setup(args, set(layers))
+    if "memory" in args.scenarios and not MEMORY.exists():
+        missing["memory"] = "bench/memory.py does not exist"
+    if "raw" in layers and not RAW.exists():
+        missing.setdefault("raw", "build/bench/rawnats was not built")
+    if "reference" in layers and not (ROOT / "opt/ref/bin/python").is_symlink():
+        missing.setdefault("reference", "build/reference/root has no /opt/ref venv")
+    want_redis = bool({"redis", "redis-pubsub"} & set(layers))
+    if want_redis and not shutil.which("redis-server"):
+        missing.setdefault("redis", "redis-server is not installed")
+        missing.setdefault("redis-pubsub", "redis-server is not installed")
+
+    todo = [j for j in jobs(args, layers) if j[2] not in missing and not (j[0] == "memory" and "memory" in missing)]
+    skipped = [j for j in jobs(args, layers) if j not in todo]
+
+    def repeats(scenario: str) -> int:
+        return args.memory_repeats if scenario == "memory" else args.repeats
+
+    runs_total = sum(repeats(s) for s, _, _ in todo)
+    eta = sum(ESTIMATE.get(s, 5) * (3 if p.get("members", 0) >= 10000 else 1) * repeats(s) for s, p, _ in todo)
+    say(
+        f"{runs_total} runs ({len(todo)} cells x {args.repeats}); first estimate {eta / 60:.1f} min;"
+        f" skipped: {missing or 'none'}"
+    )
+
+    servers = Servers(want_redis and "redis" not in missing)
+    mount = ProcMount()
+    if "reference" in layers and "reference" not in missing:
+        (ROOT / "opt/bench").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(BENCH / "scenarios.py", ROOT / "opt/bench/scenarios.py")
+        mount.ensure()
+    info = measured(missing)  # before the runs: pip show in the root wants /proc
+    results: list[dict[str, Any]] = []
+    done = 0
+    spent = 0.0
+    interrupted = False
+    index: dict[str, dict[str, Any]] = {}
+    try:
+        for scenario, params, layer in todo:
+            key = json.dumps([scenario, params], sort_keys=True)
+            entry = index.setdefault(key, {"scenario": scenario, "params": params, "layers": {}})
+            if entry not in results:
+                results.append(entry)
+            runs: list[dict[str, Any]] = []
+            for repeat in range(args.memory_repeats if scenario == "memory" else args.repeats):
+                cmd = command(scenario, params, layer, servers)
+                run = run_one(cmd, args.timeout)
+                runs.append(run)
+                done += 1
+                spent += run["seconds"]
+                left = (runs_total - done) * spent / done
+                figure = (
+                    ", ".join(f"{k}={fmt(v)}" for k, v in run["metrics"].items() if isinstance(v, (int, float)))[:150]
+                    if "metrics" in run
+                    else run["error"][:200]
+                )
+                say(
+                    f"[{done}/{runs_total} ETA {left / 60:.1f} min] {row_label(scenario, params)} {layer}"
+                    f" #{repeat + 1}: {figure}"
+                )
+            entry["layers"][layer] = {
+                "runs": runs,
+                "summary": summarize(runs),
+                "errors": [r["error"] for r in runs if "error" in r],
+            }
+    except KeyboardInterrupt:  # Ctrl-C: keep what was measured so far
+        interrupted = True
+        say("interrupted: writing the runs finished so far")
+    finally:
+        servers.stop()
+        mount.release()
+    for scenario, params, layer in skipped:
+        key = json.dumps([scenario, params], sort_keys=True)
+        entry = index.setdefault(key, {"scenario": scenario, "params": params, "layers": {}})
+        if entry not in results:
+            results.append(entry)
+        why = missing.get(layer) or missing.get(scenario, "skipped")
+        entry["layers"][layer] = {"runs": [], "summary": {}, "errors": [f"unavailable: {why}"]}
+
+    report = {
+        "measured": info,
+        "repeats": args.repeats,
+        "interrupted": interrupted,
+        "args": {k: v for k, v in vars(args).items()},
+        "wall_s": time.time() - t0,
+        "results": results,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = args.out or dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    json_path = RESULTS / f"{name}.json"
+    json_path.write_text(json.dumps(report, indent=1) + "\n")
+    shown = [layer for layer in ALL_LAYERS if layer in layers]
+    (RESULTS / "latest.md").write_text(markdown(report, shown))
+    chart(report, shown, RESULTS / "latest.png")
+    say(
+        f"wrote {json_path.relative_to(REPO)}, bench/results/latest.md, bench/results/latest.png"
+        f" in {report['wall_s'] / 60:.1f} min"
+    )
+    print((RESULTS / "latest.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
