@@ -408,6 +408,28 @@ func cngo_cancel(h C.cn_client, id C.cn_op) (st C.cn_status) {
 	return C.CN_OK
 }
 
+//export cngo_set_batch_callback
+func cngo_set_batch_callback(h C.cn_client, cb C.cn_batch_callback, closure C.uintptr_t) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if cb == nil {
+		return fail(argError("callback must not be NULL"))
+	}
+	c, err := lookup(h) // also while connecting: hosts set it before their first operation
+	if err != nil {
+		return fail(err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closing:
+		return fail(layer.ErrClosed)
+	case c.batches != nil || len(c.ops) > 0:
+		return fail(errBatchTooLate)
+	}
+	c.batches = newBatcher(cb, closure)
+	return C.CN_OK
+}
+
 //export cngo_stats
 func cngo_stats(h C.cn_client, out **C.char) (st C.cn_status) {
 	defer recoverStatus(&st)

@@ -38,6 +38,8 @@ type client struct {
 	ops        map[uint64]*op
 
 	running sync.WaitGroup // goroutines that may still call back: connect and pending operations
+
+	batches *batcher // set by cn_set_batch_callback: results go out in batches
 }
 
 // lookup finds a client by handle.
@@ -128,6 +130,10 @@ func (o *op) finish(err error, text string, data []byte) bool {
 	if err != nil {
 		text = errorText(err)
 	}
+	if b := o.c.batches; b != nil {
+		b.add(outcome{closure: o.closure, status: st, text: text, data: data})
+		return true
+	}
 	var ctext *C.char
 	if text != "" {
 		ctext = C.CString(text)
@@ -209,6 +215,9 @@ func (c *client) close() {
 		o.finish(layer.ErrClosed, "", nil)
 	}
 	c.running.Wait()
+	if c.batches != nil {
+		c.batches.stop() // delivers what is queued, then ends
+	}
 	c.silenced.Store(true)
 	clients.Delete(c.id)
 }

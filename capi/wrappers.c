@@ -40,6 +40,15 @@ void bridge_invoke(cn_callback callback, uintptr_t closure, cn_status status, co
     cn_callback_depth--;
 }
 
+void bridge_set_closure(cn_result *result, uintptr_t closure) { result->closure = (void *)closure; }
+
+void bridge_invoke_batch(cn_batch_callback callback, uintptr_t closure, const cn_result *results,
+                         size_t count) {
+    cn_callback_depth++;
+    callback((void *)closure, results, count);
+    cn_callback_depth--;
+}
+
 void bridge_invoke_log(cn_log_callback callback, uintptr_t closure, int level, const char *message) {
     cn_callback_depth++;
     callback((void *)closure, level, message);
@@ -165,6 +174,11 @@ cn_status cn_flush(cn_client client) {
 cn_status cn_cancel(cn_client client, cn_op op) {
     CN_ENTER();
     return cngo_cancel(client, op);
+}
+
+cn_status cn_set_batch_callback(cn_client client, cn_batch_callback callback, void *closure) {
+    CN_ENTER();
+    return cngo_set_batch_callback(client, callback, CN_CLOSURE(closure));
 }
 
 cn_status cn_stats(cn_client client, char **json) {

@@ -112,6 +112,21 @@ enum { CN_LOG_DEBUG = 10, CN_LOG_INFO = 20, CN_LOG_WARNING = 30, CN_LOG_ERROR = 
 typedef void (*cn_callback)(void *closure, cn_status status, const char *text,
                             const uint8_t *data, size_t len);
 
+/* One result in a batch (see cn_set_batch_callback): the same values a cn_callback gets. */
+typedef struct cn_result {
+    void *closure;        /* the closure given with the operation */
+    cn_status status;
+    const char *text;     /* NULL when there is none */
+    const uint8_t *data;  /* NULL when there is none */
+    size_t len;
+} cn_result;
+
+/*
+ * Receives the results of a client's pending operations in batches (see cn_set_batch_callback).
+ * results[0..count-1] and everything they point to are valid during the call only.
+ */
+typedef void (*cn_batch_callback)(void *closure, const cn_result *results, size_t count);
+
 /*
  * The log callback of a client: warnings about drops, reconnects and lost publishes (level is
  * one of CN_LOG_*). message is valid during the call only. It may run on any library thread,
@@ -265,6 +280,19 @@ CN_EXTERN cn_status cn_flush(cn_client client);
  * CN_FORKED, CN_INTERNAL.
  */
 CN_EXTERN cn_status cn_cancel(cn_client client, cn_op op);
+
+/*
+ * Delivers the results of this client's pending operations in batches: from now on, instead of
+ * calling each operation's callback, the library calls callback once with every result that is
+ * ready, in the order they finished. Operations still need a non-NULL callback to run in the
+ * pending form; it is not called. A host whose callbacks are expensive to enter (an interpreter
+ * lock to take) pays that once per batch instead of once per message. Call it once, before the
+ * first pending operation (it may be called while the client is still connecting). cn_close()'s
+ * own callback and cn_connect()'s are not batched. The batch callback runs on one library thread.
+ * Returns CN_OK, CN_INVALID_ARG (callback NULL), CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE
+ * (already set, or operations are pending), CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_set_batch_callback(cn_client client, cn_batch_callback callback, void *closure);
 
 /*
  * The client's counters as a JSON object: published, delivered, dropped (capacity, expired,

@@ -75,12 +75,14 @@ var (
 	cnFlush        func(h uint64) int32
 	cnCancel       func(h uint64, op uint64) int32
 	cnStats        func(h uint64, json *uintptr) int32
+	cnSetBatch     func(h uint64, cb, closure uintptr) int32
 )
 
 // The two C function pointers, made once per test binary.
 var (
 	completeCB uintptr // cn_callback
 	logCB      uintptr // cn_log_callback
+	batchCB    uintptr // cn_batch_callback
 )
 
 // libPath is the library under test: $CN_LIB, else build/<goos>-<goarch>/libchannels_nats.so
@@ -156,11 +158,13 @@ func load() error {
 	bind(&cnFlush, "cn_flush")
 	bind(&cnCancel, "cn_cancel")
 	bind(&cnStats, "cn_stats")
+	bind(&cnSetBatch, "cn_set_batch_callback")
 	if err != nil {
 		return err
 	}
 	completeCB = purego.NewCallback(onComplete)
 	logCB = purego.NewCallback(onLog)
+	batchCB = purego.NewCallback(onBatch)
 	return nil
 }
 

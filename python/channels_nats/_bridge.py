@@ -144,12 +144,26 @@ def _on_complete(closure: Any, status: int, text: Any, data: Any, length: int) -
     pending.finish(status, detail, body)
 
 
+def _on_batch(_closure: Any, results: Any, count: int) -> None:
+    """Every result that was ready, in one call: one GIL acquisition for the whole batch."""
+    ffi, _ = _native.load()
+    for i in range(count):
+        r = results[i]
+        pending = _pending.pop(int(ffi.cast("uintptr_t", r.closure)), None)
+        if pending is None:
+            continue
+        body = ffi.buffer(r.data, r.len)[:] if r.data != ffi.NULL else None
+        detail = _native.text(r.text) if r.text != ffi.NULL else ""
+        pending.finish(r.status, detail, body)
+
+
 def _on_log(_closure: Any, level: int, message: Any) -> None:
     logger.log(level, _native.text(message))
 
 
 class _Callbacks:
     complete: Any = None
+    batch: Any = None
     log: Any = None
 
 
@@ -166,5 +180,12 @@ def callbacks() -> tuple[Any, Any]:
             _callbacks.complete = ffi.callback(
                 "void(void *, cn_status, const char *, const uint8_t *, size_t)", _on_complete
             )
+            _callbacks.batch = ffi.callback("void(void *, const cn_result *, size_t)", _on_batch)
             _callbacks.log = ffi.callback("void(void *, int, const char *)", _on_log)
     return _callbacks.complete, _callbacks.log
+
+
+def batch_callback() -> Any:
+    """The C callback that receives results in batches (cn_set_batch_callback)."""
+    callbacks()
+    return _callbacks.batch

@@ -189,6 +189,9 @@ class NatsChannelLayer(BaseChannelLayer):
                     attempt.forget()
                     self._connecting = None
                     _native.check(status)
+                # Results of this client's operations come in batches: entering Python (the GIL)
+                # once per batch instead of once per message is what keeps fan-out cheap.
+                _native.check(lib.cn_set_batch_callback(attempt.client, _bridge.batch_callback(), ffi.NULL))
             waiter: asyncio.Future[None] = loop.create_future()
             attempt.waiters.append((_bridge.inbox_for(loop), waiter))
         await waiter
