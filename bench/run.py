@@ -615,7 +615,7 @@ def main() -> None:
     (RESULTS / "latest.md").write_text(markdown(report, shown))
     chart(report, shown, RESULTS / "latest.png")
     say(
-        f"wrote {json_path.relative_to(REPO)}, bench/results/latest.md, bench/results/latest.png"
+        f"wrote {json_path}, bench/results/latest.md, bench/results/latest.png"
         f" in {report['wall_s'] / 60:.1f} min"
     )
     print((RESULTS / "latest.md").read_text())

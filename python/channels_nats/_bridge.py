@@ -145,16 +145,31 @@ def _on_complete(closure: Any, status: int, text: Any, data: Any, length: int) -
 
 
 def _on_batch(_closure: Any, results: Any, count: int) -> None:
-    """Every result that was ready, in one call: one GIL acquisition for the whole batch."""
+    """Every result that was ready, in one call: one GIL acquisition for the whole batch, and one
+    wake-up per event loop."""
     ffi, _ = _native.load()
+    null = ffi.NULL
+    per_inbox: dict[LoopInbox, list[tuple[Completion, int, str, bytes | None]]] = {}
     for i in range(count):
         r = results[i]
         pending = _pending.pop(int(ffi.cast("uintptr_t", r.closure)), None)
         if pending is None:
             continue
-        body = ffi.buffer(r.data, r.len)[:] if r.data != ffi.NULL else None
-        detail = _native.text(r.text) if r.text != ffi.NULL else ""
-        pending.finish(r.status, detail, body)
+        body = ffi.buffer(r.data, r.len)[:] if r.data != null else None
+        detail = _native.text(r.text) if r.text != null else ""
+        if isinstance(pending, Completion):
+            per_inbox.setdefault(pending.inbox, []).append((pending, r.status, detail, body))
+        else:
+            pending.finish(r.status, detail, body)
+    for inbox, settled in per_inbox.items():
+        if not inbox.push(lambda settled=settled: _settle_all(settled)):
+            for completion, status, _, body in settled:
+                completion.give_up(status, body)  # its loop is closed: nobody will settle it
+
+
+def _settle_all(settled: list[tuple[Completion, int, str, bytes | None]]) -> None:
+    for completion, status, detail, body in settled:
+        completion.settle(status, detail, body)
 
 
 def _on_log(_closure: Any, level: int, message: Any) -> None:

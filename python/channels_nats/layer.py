@@ -234,8 +234,8 @@ class NatsChannelLayer(BaseChannelLayer):
         client = await self._connection()
         ffi, lib = _native.load()
         name = channel.encode()
-        body_out = ffi.new("uint8_t **")
-        len_out = ffi.new("size_t *")
+        scratch = _scratch()
+        body_out, len_out = scratch.body, scratch.len
 
         def put_back(status: int, body: bytes | None) -> None:
             if status == _native.OK and body is not None:
@@ -348,15 +348,16 @@ class NatsChannelLayer(BaseChannelLayer):
 
         Returns (text, body) of a pending operation, or ("", None) when it finished at once.
         """
-        ffi, lib = _native.load()
+        _, lib = _native.load()
         complete, _ = _bridge.callbacks()
         completion = _bridge.Completion(abandon)
-        op = ffi.new("cn_op *")
+        op = _scratch().op
         status = start(complete, completion.closure(), op)
         if status != _native.PENDING:
             completion.forget()
             _native.check(status)
             return "", None
+        op_handle = op[0]  # the scratch is reused by the next call on this thread
         try:
             return await completion.future
         except asyncio.CancelledError:
@@ -366,11 +367,35 @@ class NatsChannelLayer(BaseChannelLayer):
                 # takes it, so it is returned (a received message goes back to its mailbox).
                 if future.exception() is None:
                     completion.give_up(_native.OK, future.result()[1])
-            elif lib.cn_cancel(client, op[0]) == _native.OK:
+            elif lib.cn_cancel(client, op_handle) == _native.OK:
                 completion.forget()  # withdrawn: its callback will not run
             # Otherwise the callback runs or ran; settle() finds the future cancelled and hands
             # the result to abandon.
             raise
+
+
+class _Scratch(threading.local):
+    """Out-parameters for the library, allocated once per thread: every call reads them right
+    after it returns, before anything else can run on that thread."""
+
+    def __init__(self) -> None:
+        ffi, _ = _native.load()
+        self.op = ffi.new("cn_op *")
+        self.body = ffi.new("uint8_t **")
+        self.len = ffi.new("size_t *")
+
+
+class _ScratchHolder:
+    value: _Scratch | None = None
+
+
+_scratch_holder = _ScratchHolder()
+
+
+def _scratch() -> _Scratch:
+    if _scratch_holder.value is None:
+        _scratch_holder.value = _Scratch()  # threading.local: each thread gets its own fields
+    return _scratch_holder.value
 
 
 def _require_subject_tokens(kind: str, part: str) -> None:
