@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"runtime"
 	"unsafe"
 
 	"github.com/channels-nats/channels-nats/layer"
@@ -441,7 +442,11 @@ func cngo_stats(h C.cn_client, out **C.char) (st C.cn_status) {
 	if err != nil {
 		return fail(err)
 	}
-	doc, err := json.Marshal(l.Stats())
+	// Goroutines are counted for the whole library (all clients): a leak check for hosts.
+	doc, err := json.Marshal(struct {
+		layer.Stats
+		Goroutines int `json:"goroutines"`
+	}{l.Stats(), runtime.NumGoroutine()})
 	if err != nil {
 		return fail(err)
 	}

@@ -297,7 +297,8 @@ CN_EXTERN cn_status cn_set_batch_callback(cn_client client, cn_batch_callback ca
 /*
  * The client's counters as a JSON object: published, delivered, dropped (capacity, expired,
  * slow_consumer, bad_frame, no_mailbox), handed_back, reconnects, recoveries, groups_expired,
- * subscriptions, mailboxes, groups, connected, client_id.
+ * subscriptions, mailboxes, groups, connected, client_id, and goroutines (the library's, for all
+ * clients: a leak check).
  *   json  required; receives the document (free it with cn_free()).
  * Returns CN_OK, CN_INVALID_ARG, CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED,
  * CN_INTERNAL.
