@@ -352,6 +352,9 @@ func (s *seconds) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return errors.New("a duration must be a number of seconds")
 	}
+	if math.IsNaN(f) || math.Abs(f) > float64(math.MaxInt64)/float64(time.Second) {
+		return errors.New("a duration must be a number of seconds below 292 years")
+	}
 	*s = seconds(math.Round(f * float64(time.Second)))
 	return nil
 }

@@ -79,7 +79,7 @@ func (l *Layer) route(m *nats.Msg) {
 			mb = l.mailboxes[nonLocal+"!"] // S13: the process-prefix mailbox takes the rest
 		}
 		if mb == nil {
-			l.counters.noMailbox.Add(1)
+			l.countNoMailbox(target)
 		} else {
 			l.enqueue(mb, m.Data, now, sc)
 		}
@@ -150,6 +150,14 @@ func (l *Layer) countExpired(n int) {
 	if n > 0 {
 		l.counters.expired.Add(uint64(n))
 	}
+}
+
+func (l *Layer) countNoMailbox(channel string) {
+	l.counters.noMailbox.Add(1)
+	l.drops.drop("no mailbox", channel, 1, time.Now(), func(total uint64) string {
+		return fmt.Sprintf("channels_nats: dropped a message for %s: this client has no mailbox for it (reclaimed "+
+			"after mailbox_grace, or never made) and nothing receives on its prefix; %d so far", channel, total)
+	})
 }
 
 func (l *Layer) countBadFrame(subject, why string) {

@@ -214,7 +214,10 @@ func (l *Layer) Close() error {
 func (l *Layer) drain(nc *nats.Conn, closed <-chan struct{}) {
 	timeout := l.cfg.Connection.DrainTimeout
 	// Measured first: a drain that fails (while reconnecting, say) closes the connection itself.
-	pending, _ := nc.Buffered()
+	pending := 0
+	if n, err := nc.Buffered(); err == nil {
+		pending = n
+	}
 	err := nc.Drain()
 	if err == nil {
 		select {

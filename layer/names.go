@@ -81,8 +81,12 @@ func ValidateGroupName(name string) error {
 	return checkSubjectPart("group", name, name)
 }
 
-// validatePrefix checks a subject prefix (Config.Prefix) or a new_channel prefix.
+// validatePrefix checks a subject prefix (Config.Prefix) or a new_channel prefix. Its length is
+// bounded like a name's, so subjects stay far below the server's control line limit.
 func validatePrefix(prefix string) error {
+	if len(prefix) >= maxNameLength {
+		return &NameError{"prefix", prefix, fmt.Sprintf("it must be shorter than %d characters", maxNameLength)}
+	}
 	return checkSubjectPart("prefix", prefix, prefix)
 }
 

@@ -285,8 +285,8 @@ func (l *Layer) PutBack(msg Message) {
 		return
 	}
 	if mb == nil {
-		l.counters.noMailbox.Add(1)
 		l.mu.Unlock()
+		l.countNoMailbox(name)
 		return
 	}
 	if w := mb.takeWaiter(); w != nil {

@@ -152,7 +152,8 @@ def error_for(status: int, detail: str) -> BaseException:
         return TimeoutError(detail)
     if status == FORKED:
         return RuntimeError(FORK_ERROR)
-    return RuntimeError(f"channels_nats: {detail or 'error ' + str(status)}")
+    detail = detail or f"error {status}"
+    return RuntimeError(detail if detail.startswith("channels_nats") else f"channels_nats: {detail}")
 
 
 def last_error() -> str:

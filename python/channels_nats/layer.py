@@ -428,7 +428,10 @@ def _capacity_patterns(channel_capacity: dict[Any, int] | list[dict[str, Any]] |
             raise TypeError(
                 f"NatsChannelLayer: channel_capacity rule {rule!r} needs a capacity and a pattern or a regex"
             )
-        key = rule["pattern"] if "pattern" in rule else re.compile(rule["regex"])
+        try:
+            key = rule["pattern"] if "pattern" in rule else re.compile(rule["regex"])
+        except re.error as e:
+            raise TypeError(f"NatsChannelLayer: channel_capacity regex {rule['regex']!r}: {e}") from e
         patterns[key] = rule["capacity"]
     return patterns
 
