@@ -163,7 +163,7 @@ func fanout(cfg config, logw io.Writer) (*result, error) {
 	expected := int64(cfg.Members) * int64(cfg.Messages)
 	base := time.Now()
 	lat := make([]int64, expected) // nanoseconds, filled in delivery order
-	var delivered, lastDelivery atomic.Int64
+	var delivered, written, lastDelivery atomic.Int64
 	done := make(chan struct{})
 	var doneOnce sync.Once
 
@@ -183,7 +183,8 @@ func fanout(cfg config, logw io.Writer) (*result, error) {
 				break
 			}
 		}
-		if i+1 == expected {
+		// Done when every latency slot is written, not merely claimed, so reading them is safe.
+		if i < expected && written.Add(1) == expected {
 			doneOnce.Do(func() { close(done) })
 		}
 	}
