@@ -12,7 +12,7 @@ ARGS        ?=
 FUZZTIME    ?= 8s
 
 .DEFAULT_GOAL := help
-.PHONY: help server lib venv lint lint-go lint-py test-go test-py test-c examples install-check demo demo-check demo-browser bench fuzz-smoke fuzz test clean
+.PHONY: help server lib venv lint lint-go lint-py test-go test-py test-c examples install-check demo demo-check demo-browser bench soak fuzz-smoke fuzz test clean
 
 help: ## List the targets
 	@echo "Targets:"
@@ -111,6 +111,9 @@ demo-browser: lib server venv ## Headless Chromium types into the chat on each p
 
 bench: lib server venv ## Benchmarks: this layer vs the reference, channels_redis, in-memory, raw NATS (ARGS=...; see bench/README.md)
 	$(PYTHON) bench/run.py $(ARGS)
+
+soak: lib server venv ## Soak: mixed traffic with periodic broker restarts, RSS and goroutines over time (ARGS=...; bench/README.md)
+	$(PYTHON) bench/soak.py $(ARGS)
 
 test-c: lib server ## The C harness against a real nats-server: checks, fork guard, valgrind, header as C++
 	bash capi/ctest/run.sh

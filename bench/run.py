@@ -614,10 +614,7 @@ def main() -> None:
     shown = [layer for layer in ALL_LAYERS if layer in layers]
     (RESULTS / "latest.md").write_text(markdown(report, shown))
     chart(report, shown, RESULTS / "latest.png")
-    say(
-        f"wrote {json_path}, bench/results/latest.md, bench/results/latest.png"
-        f" in {report['wall_s'] / 60:.1f} min"
-    )
+    say(f"wrote {json_path}, bench/results/latest.md, bench/results/latest.png in {report['wall_s'] / 60:.1f} min")
     print((RESULTS / "latest.md").read_text())
 
 
