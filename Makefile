@@ -50,8 +50,8 @@ lint: lint-go lint-py ## Every linter: gofmt, go vet, ruff, pyright
 lint-py: venv $(PYRIGHT) ## ruff (lint and format check) and pyright on python/
 	cd python && ../$(VENV)/bin/ruff check . && ../$(VENV)/bin/ruff format --check .
 	$(PYRIGHT) --pythonpath $(PYTHON) -p python
-	$(VENV)/bin/ruff check --config python/pyproject.toml examples/chat examples/demo
-	$(VENV)/bin/ruff format --check --config python/pyproject.toml examples/chat examples/demo
+	$(VENV)/bin/ruff check --config python/pyproject.toml examples/chat examples/demo bench
+	$(VENV)/bin/ruff format --check --config python/pyproject.toml examples/chat examples/demo bench
 	$(PYRIGHT) --pythonpath $(PYTHON) examples/chat examples/demo
 
 # The Go files to check with gofmt: everything except build output, VCS data and testdata.

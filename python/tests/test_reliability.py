@@ -518,7 +518,7 @@ def openssl(*args: str) -> None:
 def make_pki(d: Path) -> dict[str, str]:
     """A CA, a server certificate for IP 127.0.0.1 and a client certificate, made with openssl."""
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed (apt-get install -y openssl)")
+        pytest.fail("openssl is not installed (apt-get install -y openssl)")
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     openssl(
         "req",
@@ -615,8 +615,9 @@ def _nkey_encode(raw: bytes) -> str:
 
 def make_user_nkey() -> tuple[str, str]:
     """(seed, public key) of a new user nkey: an ed25519 key in the NATS nkey encoding."""
-    ed25519 = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ed25519")
-    serialization = pytest.importorskip("cryptography.hazmat.primitives.serialization")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
     key = ed25519.Ed25519PrivateKey.generate()
     seed = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
     public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
