@@ -23,7 +23,7 @@ from typing import Any, cast
 import msgpack
 import pytest
 from channels.exceptions import MessageTooLarge
-from conftest import NatsServer
+from conftest import NatsServer, raw_send, wait_subscribed, wait_until
 
 from channels_nats import NatsChannelLayer
 
@@ -51,71 +51,6 @@ def dead_port() -> int:
 
 def pack(message: Any) -> bytes:
     return cast(bytes, msgpack.packb(message, use_bin_type=True))
-
-
-class RawPublisher:
-    """A bare NATS client over a socket: CONNECT (headers on), PUB/HPUB, PING/PONG."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.reader = self.sock.makefile("rb")
-        info = self.reader.readline()
-        assert info.startswith(b"INFO "), info
-        self.sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"name":"raw-bad-input"}\r\n')
-        self.ping()
-
-    def publish(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> None:
-        if headers is None:
-            self.sock.sendall(b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload))
-            return
-        head = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
-        hdr = head.encode()
-        total = len(hdr) + len(payload)
-        self.sock.sendall(b"HPUB %s %d %d\r\n%s%s\r\n" % (subject.encode(), len(hdr), total, hdr, payload))
-
-    def ping(self) -> None:
-        """Returns once the server answered PONG: it processed everything sent before."""
-        self.sock.sendall(b"PING\r\n")
-        while True:
-            line = self.reader.readline()
-            assert line, "the server closed the connection"
-            assert not line.startswith(b"-ERR"), line
-            if line.startswith(b"PONG"):
-                return
-
-    def close(self) -> None:
-        self.reader.close()
-        self.sock.close()
-
-
-def raw_send(port: int, subject: str, payload: bytes, headers: dict[str, str] | None = None, times: int = 1) -> None:
-    publisher = RawPublisher(port)
-    try:
-        for _ in range(times):
-            publisher.publish(subject, payload, headers)
-        publisher.ping()
-    finally:
-        publisher.close()
-
-
-def subscribers(server: NatsServer, subject: str) -> int:
-    return sum(subject in (c.get("subscriptions_list") or []) for c in server.connz()["connections"])
-
-
-async def wait_subscribed(server: NatsServer, subject: str) -> None:
-    deadline = time.monotonic() + 10
-    while await asyncio.to_thread(subscribers, server, subject) < 1:
-        if time.monotonic() > deadline:
-            pytest.fail(f"the server never had a subscriber on {subject}")
-        await asyncio.sleep(0.02)
-
-
-async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def dropped(layer: NatsChannelLayer, kind: str) -> int:

@@ -25,7 +25,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.exceptions import ChannelFull, MessageTooLarge
 from channels.layers import BaseChannelLayer
-from conftest import NatsServer
+from conftest import NatsServer, raw_send, wait_subscribed, wait_until
 
 import channels_nats
 from channels_nats import ChannelLayerClosed, NatsChannelLayer
@@ -52,45 +52,6 @@ def dead_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    """Polls condition (it may be fed by library threads) until it holds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-def subscribers(server: NatsServer, subject: str) -> int:
-    """How many connections the server lists with a subscription on subject."""
-    return sum(subject in (c.get("subscriptions_list") or []) for c in server.connz()["connections"])
-
-
-async def wait_subscribed(server: NatsServer, subject: str, count: int = 1) -> None:
-    """Waits until the server itself has count connections subscribed to subject."""
-    deadline = time.monotonic() + 10
-    while await asyncio.to_thread(subscribers, server, subject) < count:
-        if time.monotonic() > deadline:
-            pytest.fail(f"the server never had {count} subscriber(s) on {subject}")
-        await asyncio.sleep(0.02)
-
-
-def raw_publish(port: int, subject: str, payloads: list[bytes]) -> None:
-    """Publishes payloads as they are, over the plain NATS text protocol (no client library)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s, s.makefile("rb") as reader:
-        assert reader.readline().startswith(b"INFO ")
-        s.sendall(b'CONNECT {"verbose":false,"pedantic":false,"name":"raw-publisher"}\r\n')
-        for payload in payloads:
-            s.sendall(b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload))
-        s.sendall(b"PING\r\n")
-        while True:  # the PONG proves the server processed every PUB before it
-            line = reader.readline()
-            assert line, "the server closed the connection"
-            assert not line.startswith(b"-ERR"), line
-            if line.startswith(b"PONG"):
-                return
 
 
 def pack(message: Message) -> bytes:
@@ -1088,7 +1049,8 @@ async def test_a_bad_frame_does_not_end_the_consumer(
     reader = asyncio.create_task(layer.receive(name))
     try:
         await wait_subscribed(nats_server, subject)
-        await asyncio.to_thread(raw_publish, nats_server.port, subject, [b"\x91\x01", b"\xc1"])
+        for frame in (b"\x91\x01", b"\xc1"):
+            await asyncio.to_thread(raw_send, nats_server.port, subject, frame)
         await wait_until(lambda: layer.stats()["dropped"]["bad_frame"] == 2, "2 bad frames")
         await asyncio.sleep(0.1)
         assert not reader.done()
@@ -1112,7 +1074,7 @@ async def test_a_process_frame_without_a_channel_header_is_dropped(
     reader = asyncio.create_task(layer.receive(channel))
     try:
         body = pack({"type": "headerless"})
-        await asyncio.to_thread(raw_publish, nats_server.port, subject, [body])
+        await asyncio.to_thread(raw_send, nats_server.port, subject, body)
         await wait_until(lambda: layer.stats()["dropped"]["bad_frame"] == 1, "a bad frame")
         assert not reader.done()
         await sender.send(channel, {"type": "good"})
@@ -1129,7 +1091,7 @@ async def test_a_raw_msgpack_map_is_a_message(make_layer: MakeLayer, nats_server
     try:
         await wait_subscribed(nats_server, f"channels.ch.{name}")
         body = pack({"type": "from-elsewhere", "b": b"\x00"})
-        await asyncio.to_thread(raw_publish, nats_server.port, f"channels.ch.{name}", [body])
+        await asyncio.to_thread(raw_send, nats_server.port, f"channels.ch.{name}", body)
         assert await asyncio.wait_for(reader, 5) == {"type": "from-elsewhere", "b": b"\x00"}
     finally:
         await finish([reader])
