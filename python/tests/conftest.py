@@ -10,11 +10,13 @@ import socket
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import msgpack
 import pytest
 
 from channels_nats import NatsChannelLayer
@@ -186,3 +188,20 @@ def raw_send(port: int, subject: str, payload: bytes, headers: dict[str, str] | 
         publisher.ping()
     finally:
         publisher.close()
+
+
+def unique(stem: str) -> str:
+    """A channel or group name no other test uses (they share one server)."""
+    return f"{stem}-{uuid.uuid4().hex[:12]}"
+
+
+def dead_port() -> int:
+    """A loopback port nobody listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pack(message: Any) -> bytes:
+    """msgpack as peers pack it (bin for bytes); a message is a bare map (SPEC section 3)."""
+    return cast(bytes, msgpack.packb(message, use_bin_type=True))

@@ -14,16 +14,14 @@ import decimal
 import logging
 import math
 import re
-import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
-import msgpack
 import pytest
 from channels.exceptions import MessageTooLarge
-from conftest import NatsServer, raw_send, wait_subscribed, wait_until
+from conftest import NatsServer, dead_port, pack, raw_send, unique, wait_subscribed, wait_until
 
 from channels_nats import NatsChannelLayer
 
@@ -37,20 +35,6 @@ CALL_BOUND = 30.0  # no call of a hostile configuration may take longer than thi
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-def unique(stem: str) -> str:
-    return f"{stem}-{uuid.uuid4().hex[:12]}"
-
-
-def dead_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pack(message: Any) -> bytes:
-    return cast(bytes, msgpack.packb(message, use_bin_type=True))
 
 
 def dropped(layer: NatsChannelLayer, kind: str) -> int:

@@ -12,21 +12,16 @@ import random
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import NatsServer
+from conftest import NatsServer, unique
 
 from channels_nats import NatsChannelLayer
 
 MakeLayer = Callable[..., NatsChannelLayer]
 Message = dict[str, Any]
-
-
-def unique(stem: str) -> str:
-    return f"{stem}-{uuid.uuid4().hex[:12]}"
 
 
 async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:

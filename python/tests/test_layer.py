@@ -13,19 +13,16 @@ import logging
 import os
 import random
 import re
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
-import msgpack
 import pytest
 from asgiref.sync import async_to_sync
 from channels.exceptions import ChannelFull, MessageTooLarge
 from channels.layers import BaseChannelLayer
-from conftest import NatsServer, raw_send, wait_subscribed, wait_until
+from conftest import NatsServer, dead_port, pack, raw_send, unique, wait_subscribed, wait_until
 
 import channels_nats
 from channels_nats import ChannelLayerClosed, NatsChannelLayer
@@ -40,23 +37,6 @@ NEW_CHANNEL_NAME = re.compile(r"^specific\.[0-9a-f]{12}![0-9a-f]{32}$")
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-def unique(stem: str) -> str:
-    """A channel or group name no other test uses (they share one server)."""
-    return f"{stem}-{uuid.uuid4().hex[:12]}"
-
-
-def dead_port() -> int:
-    """A loopback port nobody listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pack(message: Message) -> bytes:
-    """The wire body of a message: the bare msgpack map (SPEC section 3)."""
-    return cast(bytes, msgpack.packb(message, use_bin_type=True))
 
 
 def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:

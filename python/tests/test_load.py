@@ -8,11 +8,11 @@ import gc
 import itertools
 import random
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import unique
 
 from channels_nats import NatsChannelLayer
 
@@ -21,10 +21,6 @@ MakeLayer = Callable[..., NatsChannelLayer]
 GRACE = 0.2  # mailbox_grace of the layers under test: idle mailboxes go quickly
 GOROUTINE_SLACK = 8  # goroutines the library may have over its baseline once idle
 RSS_GROWTH_LIMIT_KB = 20 * 1024
-
-
-def unique(stem: str) -> str:
-    return f"{stem}-{uuid.uuid4().hex[:12]}"
 
 
 def rss_kb() -> int:
