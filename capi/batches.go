@@ -49,8 +49,8 @@ func (b *batcher) add(r outcome) {
 	}
 }
 
-// stop delivers what is queued and waits until the goroutine has ended.
-func (b *batcher) stop() {
+// detach delivers what is queued and waits until the goroutine has ended.
+func (b *batcher) detach() {
 	close(b.stopped)
 	<-b.done
 }
@@ -78,18 +78,25 @@ func (b *batcher) deliver() {
 	if len(batch) == 0 {
 		return
 	}
+	results := unsafe.Slice((*C.cn_result)(C.calloc(C.size_t(len(batch)), C.sizeof_cn_result)), len(batch))
+	defer C.free(unsafe.Pointer(&results[0]))
+	defer C.free(packResults(batch, results))
+	C.bridge_invoke_batch(b.cb, b.closure, &results[0], C.size_t(len(batch)))
+}
+
+// packResults fills results (as long as batch) and returns the malloc'ed block their texts and
+// bodies point into; the caller frees it after the results were used.
+func packResults(batch []outcome, results []C.cn_result) unsafe.Pointer {
 	size := 0
 	for _, r := range batch {
 		size += len(r.data) + len(r.text) + 1
 	}
-	results := unsafe.Slice((*C.cn_result)(C.calloc(C.size_t(len(batch)), C.sizeof_cn_result)), len(batch))
-	defer C.free(unsafe.Pointer(&results[0]))
-	store := unsafe.Slice((*byte)(C.malloc(C.size_t(size+1))), size+1)
-	defer C.free(unsafe.Pointer(&store[0]))
+	block := C.malloc(C.size_t(size + 1))
+	store := unsafe.Slice((*byte)(block), size+1)
 	at := 0
 	for i, r := range batch {
+		results[i] = C.cn_result{status: r.status}
 		C.bridge_set_closure(&results[i], r.closure)
-		results[i].status = r.status
 		if r.text != "" {
 			n := copy(store[at:], r.text)
 			store[at+n] = 0
@@ -103,5 +110,5 @@ func (b *batcher) deliver() {
 			at += n
 		}
 	}
-	C.bridge_invoke_batch(b.cb, b.closure, &results[0], C.size_t(len(batch)))
+	return block
 }

@@ -221,6 +221,12 @@ func cngo_receive(h C.cn_client, channel *C.char, cb C.cn_callback, closure C.ui
 		*bodyOut, *lenOut = cCopy(body), C.size_t(len(body))
 		return C.CN_OK
 	}
+	// A message that is already waiting costs no pending operation.
+	if msg, ok, err := l.TakeReceive(name); err != nil {
+		return fail(err)
+	} else if ok {
+		return ready(msg.Body)
+	}
 	if cb == nil {
 		body, err := l.ReceiveRaw(context.Background(), name)
 		if err != nil {
@@ -424,10 +430,10 @@ func cngo_set_batch_callback(h C.cn_client, cb C.cn_batch_callback, closure C.ui
 	switch {
 	case c.closing:
 		return fail(layer.ErrClosed)
-	case c.batches != nil || len(c.ops) > 0:
-		return fail(errBatchTooLate)
+	case c.results != nil || len(c.ops) > 0:
+		return fail(errSinkTooLate)
 	}
-	c.batches = newBatcher(cb, closure)
+	c.results = newBatcher(cb, closure)
 	return C.CN_OK
 }
 

@@ -39,7 +39,7 @@ type client struct {
 
 	running sync.WaitGroup // goroutines that may still call back: connect and pending operations
 
-	batches *batcher // set by cn_set_batch_callback: results go out in batches
+	results resultSink // set by cn_set_batch_callback or cn_set_result_queue
 }
 
 // lookup finds a client by handle.
@@ -122,18 +122,28 @@ func (o *op) unregister() {
 // finish reports the result through the callback, unless the operation was withdrawn; it
 // reports whether the callback ran.
 func (o *op) finish(err error, text string, data []byte) bool {
-	if !o.state.CompareAndSwap(opPending, opFinished) {
-		return false
-	}
-	o.unregister()
 	st := statusOf(err)
 	if err != nil {
 		text = errorText(err)
 	}
-	if b := o.c.batches; b != nil {
-		b.add(outcome{closure: o.closure, status: st, text: text, data: data})
-		return true
+	if sink := o.c.results; sink != nil {
+		// Under o.mu, so that a cancel that finds the operation finished (CN_NOT_PENDING) also
+		// finds its result already in the sink: a host may take it right after.
+		o.mu.Lock()
+		finished := o.state.CompareAndSwap(opPending, opFinished)
+		if finished {
+			sink.add(outcome{closure: o.closure, status: st, text: text, data: data})
+		}
+		o.mu.Unlock()
+		if finished {
+			o.unregister()
+		}
+		return finished
 	}
+	if !o.state.CompareAndSwap(opPending, opFinished) {
+		return false
+	}
+	o.unregister()
 	var ctext *C.char
 	if text != "" {
 		ctext = C.CString(text)
@@ -150,13 +160,14 @@ func (o *op) finish(err error, text string, data []byte) bool {
 
 // withdraw cancels a pending operation: true when its callback will not run.
 func (o *op) withdraw() bool {
-	if !o.state.CompareAndSwap(opPending, opWithdrawn) {
+	o.mu.Lock()
+	withdrawn := o.state.CompareAndSwap(opPending, opWithdrawn)
+	pr := o.receive
+	o.mu.Unlock()
+	if !withdrawn {
 		return false
 	}
 	o.unregister()
-	o.mu.Lock()
-	pr := o.receive
-	o.mu.Unlock()
 	if pr != nil {
 		pr.Cancel() // false: the message is on its way to deliver(), which puts it back
 	}
@@ -215,8 +226,8 @@ func (c *client) close() {
 		o.finish(layer.ErrClosed, "", nil)
 	}
 	c.running.Wait()
-	if c.batches != nil {
-		c.batches.stop() // delivers what is queued, then ends
+	if c.results != nil {
+		c.results.detach() // a batcher delivers what is queued, then ends
 	}
 	c.silenced.Store(true)
 	clients.Delete(c.id)

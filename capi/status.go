@@ -20,7 +20,7 @@ var (
 	errInvalidHandle = errors.New("not a client handle of this library")
 	errConnecting    = errors.New("the client is still connecting; wait for its connect callback")
 	errNotPending    = errors.New("the operation had already finished")
-	errBatchTooLate  = errors.New("the batch callback is set once, before the first pending operation")
+	errSinkTooLate   = errors.New("a batch callback or a result queue is set once, before the first pending operation")
 )
 
 // argError is a bad argument (CN_INVALID_ARG).
@@ -77,7 +77,7 @@ func statusOf(err error) C.cn_status {
 		return C.CN_CANCELLED
 	case errors.Is(err, errNotPending):
 		return C.CN_NOT_PENDING
-	case errors.Is(err, errConnecting), errors.Is(err, errBatchTooLate):
+	case errors.Is(err, errConnecting), errors.Is(err, errSinkTooLate), errors.Is(err, errQueueAttached):
 		return C.CN_ILLEGAL_STATE
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
 		return C.CN_TIMEOUT

@@ -181,6 +181,27 @@ cn_status cn_set_batch_callback(cn_client client, cn_batch_callback callback, vo
     return cngo_set_batch_callback(client, callback, CN_CLOSURE(closure));
 }
 
+cn_status cn_queue_new(intptr_t notify, cn_queue *queue) {
+    CN_ENTER();
+    return cngo_queue_new(notify, queue);
+}
+
+cn_status cn_set_result_queue(cn_client client, cn_queue queue) {
+    CN_ENTER();
+    return cngo_set_result_queue(client, queue);
+}
+
+cn_status cn_queue_take(cn_queue queue, cn_result *results, size_t capacity, size_t *count,
+                        void **memory) {
+    CN_ENTER();
+    return cngo_queue_take(queue, results, capacity, count, memory);
+}
+
+cn_status cn_queue_free(cn_queue queue) {
+    CN_ENTER();
+    return cngo_queue_free(queue);
+}
+
 cn_status cn_stats(cn_client client, char **json) {
     CN_ENTER();
     return cngo_stats(client, json);

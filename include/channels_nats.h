@@ -13,7 +13,8 @@
  * - Strings are NUL-terminated UTF-8. Invalid UTF-8 is refused with CN_INVALID_ARG.
  * - Message bodies are msgpack maps with string keys, exactly as they travel on the wire (see
  *   "Wire contract" in the README). The library checks them (CN_INVALID_MESSAGE).
- * - Handles (cn_client, cn_op) are integers; 0 is never a valid handle. Handles are not reused.
+ * - Handles (cn_client, cn_op, cn_queue) are integers; 0 is never a valid handle. Handles are not
+ *   reused.
  * - Inputs are copied before a call returns: the caller may free or reuse them at once.
  * - Memory the library returns through an out-parameter (char **, uint8_t **) belongs to the
  *   caller, who must release it with cn_free() and nothing else (the library may use another C
@@ -27,7 +28,9 @@
  *   (or an error) and fills its out-parameters; the callback is not called.
  * - Otherwise it returns CN_PENDING, stores an operation handle in *op (when op is not NULL), and
  *   the callback is called exactly once, later, on a library thread, with the result - unless
- *   cn_cancel() withdrew the operation first.
+ *   cn_cancel() withdrew the operation first. A client can instead hand its results over in
+ *   batches (cn_set_batch_callback) or keep them in a result queue that the host empties on its
+ *   own thread (cn_set_result_queue): the same results, without per-operation callbacks.
  * - If callback is NULL, the call waits on the calling thread until the operation finishes and
  *   never returns CN_PENDING. Such a waiting call is refused with CN_ILLEGAL_STATE when it is made
  *   from inside a callback of this library for receive, connect and close, because the thread it
@@ -95,6 +98,9 @@ typedef uint64_t cn_client;
 
 /* A pending operation, for cn_cancel(). 0 is invalid. */
 typedef uint64_t cn_op;
+
+/* A result queue (see cn_queue_new). */
+typedef uint64_t cn_queue;
 
 /* Log levels, the same numbers as Python's logging module. */
 enum { CN_LOG_DEBUG = 10, CN_LOG_INFO = 20, CN_LOG_WARNING = 30, CN_LOG_ERROR = 40 };
@@ -269,7 +275,7 @@ CN_EXTERN cn_status cn_group_discard(cn_client client, const char *group, const 
    CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL. */
 CN_EXTERN cn_status cn_flush(cn_client client);
 
-/* ---- Operations, statistics ------------------------------------------------------------- */
+/* ---- Operations ------------------------------------------------------------------------- */
 
 /*
  * Withdraws a pending operation. CN_OK: it was withdrawn and its callback will not run (a message
@@ -290,9 +296,63 @@ CN_EXTERN cn_status cn_cancel(cn_client client, cn_op op);
  * first pending operation (it may be called while the client is still connecting). cn_close()'s
  * own callback and cn_connect()'s are not batched. The batch callback runs on one library thread.
  * Returns CN_OK, CN_INVALID_ARG (callback NULL), CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE
- * (already set, or operations are pending), CN_FORKED, CN_INTERNAL.
+ * (a batch callback or a result queue is already set, or operations are pending), CN_FORKED,
+ * CN_INTERNAL.
  */
 CN_EXTERN cn_status cn_set_batch_callback(cn_client client, cn_batch_callback callback, void *closure);
+
+/* ---- Result queues ---------------------------------------------------------------------- */
+
+/*
+ * Makes a result queue: clients attached to it (cn_set_result_queue) put the results of their
+ * pending operations in it, and the host takes them with cn_queue_take() whenever it likes, on any
+ * thread. No library thread calls into the host for these results, which suits an event loop in a
+ * runtime with an interpreter lock: it watches notify and takes the results on its own thread.
+ *   notify  -1, or the write end the library signals: a file descriptor (POSIX: a pipe or a
+ *           socket, preferably non-blocking) or a SOCKET (Windows). Whenever the queue goes from
+ *           empty to non-empty, the library writes one byte to it. The host reads and discards
+ *           these bytes BEFORE it takes results (so no result is left behind unsignalled), and
+ *           keeps notify open until cn_queue_free(). With -1 the host polls.
+ *   queue   required; receives the handle.
+ * One queue may serve several clients. Returns CN_OK, CN_INVALID_ARG (queue NULL, or notify is not
+ * an open descriptor), CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_queue_new(intptr_t notify, cn_queue *queue);
+
+/*
+ * Puts the results of this client's pending operations into queue instead of calling each
+ * operation's callback (which must still be non-NULL for an operation to run in the pending
+ * form; it is not called). A result is in the queue before cn_cancel() can report CN_NOT_PENDING
+ * for its operation. Call it once, before the first pending operation (it may be called while
+ * the client is still connecting). cn_close()'s own callback and cn_connect()'s are not queued.
+ * Results that cn_close() ends (CN_CLOSED) are queued too; take them after the close.
+ * Returns CN_OK, CN_INVALID_HANDLE (client or queue), CN_CLOSED, CN_ILLEGAL_STATE (a batch
+ * callback or a queue is already set, or operations are pending), CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_set_result_queue(cn_client client, cn_queue queue);
+
+/*
+ * Takes up to capacity results from queue, oldest first, without waiting.
+ *   results   an array of capacity cn_result the library fills (may be NULL when capacity is 0).
+ *   count     required; receives how many were taken (0: the queue was empty).
+ *   memory    required; receives NULL when count is 0, else the block the results' text and data
+ *             point into. The results stay valid until the caller frees it with cn_free().
+ * A receive's message that the host took but cannot deliver must go back with cn_put_back().
+ * Several threads may take from one queue at once; each result is taken once.
+ * Returns CN_OK, CN_INVALID_ARG, CN_INVALID_HANDLE, CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_queue_take(cn_queue queue, cn_result *results, size_t capacity,
+                                  size_t *count, void **memory);
+
+/*
+ * Frees a queue. Results nobody took are discarded (their clients are closed). The library never
+ * closes notify; the host may close it after this call.
+ * Returns CN_OK, CN_INVALID_HANDLE, CN_ILLEGAL_STATE (a client attached to it is not closed),
+ * CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_queue_free(cn_queue queue);
+
+/* ---- Statistics ------------------------------------------------------------------------- */
 
 /*
  * The client's counters as a JSON object: published, delivered, dropped (capacity, expired,

@@ -153,12 +153,9 @@ func (l *Layer) StartReceive(ctx context.Context, channel string, deliver func(M
 	if err := ctx.Err(); err != nil {
 		return Message{}, nil, err
 	}
-	key := channelKey(channel)
-	if nonLocal, _, ok := strings.Cut(channel, "!"); ok {
-		if !l.owns(channel) {
-			return Message{}, nil, &ForeignChannelError{channel}
-		}
-		key = processKey(nonLocal)
+	key, err := l.receiveKey(channel)
+	if err != nil {
+		return Message{}, nil, err
 	}
 	for {
 		l.mu.Lock()
@@ -198,14 +195,59 @@ func (l *Layer) StartReceive(ctx context.Context, channel string, deliver func(M
 	}
 }
 
-// takeOrWait returns the oldest live message of mb, or registers a waiter. l.mu must be held.
-func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, error)) (Message, *PendingReceive) {
+// TakeReceive returns the oldest live message of channel when one is waiting and the channel's
+// subscription is confirmed; ok is false otherwise, and nothing changed: StartReceive then
+// subscribes or waits. It never blocks, so a host can try it before paying for a pending receive.
+func (l *Layer) TakeReceive(channel string) (msg Message, ok bool, err error) {
+	if err := ValidateChannelName(channel); err != nil {
+		return Message{}, false, err
+	}
+	key, err := l.receiveKey(channel)
+	if err != nil {
+		return Message{}, false, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return Message{}, false, ErrClosed
+	}
+	mb := l.mailboxes[channel]
+	if s := l.subs[key]; s == nil || !s.confirmed || mb == nil {
+		return Message{}, false, nil
+	}
+	msg, ok = l.popLocked(mb, time.Now())
+	return msg, ok, nil
+}
+
+// receiveKey is the subscription a receive on channel needs; a process channel must be this
+// client's (S12).
+func (l *Layer) receiveKey(channel string) (subKey, error) {
+	nonLocal, _, ok := strings.Cut(channel, "!")
+	if !ok {
+		return channelKey(channel), nil
+	}
+	if !l.owns(channel) {
+		return subKey{}, &ForeignChannelError{channel}
+	}
+	return processKey(nonLocal), nil
+}
+
+// popLocked takes the oldest live message of mb, if any, dropping expired ones. l.mu must be held.
+func (l *Layer) popLocked(mb *mailbox, now time.Time) (Message, bool) {
 	mb.readAt = now
 	e, ok, expired := mb.pop(now, l.cfg.Expiry)
 	l.countExpired(expired)
-	if ok {
-		l.counters.delivered.Add(1)
-		return Message{Body: e.body, Channel: mb.name, mb: mb, at: e.at}, nil
+	if !ok {
+		return Message{}, false
+	}
+	l.counters.delivered.Add(1)
+	return Message{Body: e.body, Channel: mb.name, mb: mb, at: e.at}, true
+}
+
+// takeOrWait returns the oldest live message of mb, or registers a waiter. l.mu must be held.
+func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, error)) (Message, *PendingReceive) {
+	if msg, ok := l.popLocked(mb, now); ok {
+		return msg, nil
 	}
 	w := &waiter{mb: mb, deliver: deliver, listed: true}
 	mb.waiters = append(mb.waiters, w)

@@ -1,11 +1,19 @@
 """Results of the native library reaching asyncio event loops.
 
-Operations that have to wait finish on a library thread, through one C callback. Each pending
-operation registers a Completion (a future on the caller's loop) under an integer token that
-travels as the callback's closure. Results for one loop are queued in its LoopInbox, and a batch
-of them costs one call_soon_threadsafe (coalesced wake-ups). A result that can no longer reach
-its caller - the future was cancelled, or the loop closed - is handed to the completion's
-abandon hook, which for a receive puts the message back into its mailbox (S14).
+Every client puts the results of its pending operations into one result queue of the process
+(cn_set_result_queue); the library writes a byte to a socket pair when the queue stops being
+empty. Each event loop that started an operation watches the other end (add_reader) and takes
+the results on its own thread: no library thread ever enters Python for them, so the loop never
+hands the interpreter lock to another thread for a message. A loop without add_reader (the
+Windows proactor) gets a watcher thread instead.
+
+A pending operation is a Completion (a future on the caller's loop) registered under the integer
+token that travels as the operation's closure. A result for another loop crosses over through
+that loop's LoopInbox (one call_soon_threadsafe per batch). A result that can no longer reach its
+caller - the future was cancelled, or the loop closed - is handed to the completion's abandon
+hook, which for a receive puts the message back into its mailbox (S14).
+
+Connect and close still report through a C callback on a library thread (_on_complete).
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import select
+import socket
 import threading
 import weakref
 from collections import deque
@@ -77,40 +87,51 @@ def inbox_for(loop: asyncio.AbstractEventLoop) -> LoopInbox:
 
 
 class Pending:
-    """Something a library callback finishes; finish() runs on the library thread."""
+    """Something the library finishes later, registered under the token its closure carries."""
 
     __slots__ = ("token",)
 
     def finish(self, status: int, detail: str, body: bytes | None) -> None:
         raise NotImplementedError
 
-    def register(self) -> None:
-        self.token = next(_tokens)
-        _pending[self.token] = self
+    def register(self, token: int | None = None) -> None:
+        """Registers under token (a new one when None). A result that was taken before the
+        registration (another thread emptied the queue first) finishes it at once."""
+        self.token = next(_tokens) if token is None else token
+        with _pending_lock:
+            early = _early.pop(self.token, None)
+            if early is None:
+                _pending[self.token] = self
+        if early is not None:
+            self.finish(*early)
 
     def closure(self) -> Any:
-        ffi, _ = _native.load()
-        return ffi.cast("void *", self.token)
+        return closure(self.token)
 
     def forget(self) -> None:
-        """The operation finished at once or was withdrawn: no callback will come."""
-        _pending.pop(self.token, None)
+        """The operation finished at once or was withdrawn: no result will come."""
+        with _pending_lock:
+            _pending.pop(self.token, None)
 
 
 class Completion(Pending):
     """One pending operation: the future its caller awaits on its own loop."""
 
-    __slots__ = ("abandon", "future", "inbox")
+    __slots__ = ("abandon", "future", "loop")
 
-    def __init__(self, abandon: Abandon | None = None) -> None:
+    def __init__(self, token: int | None = None, abandon: Abandon | None = None) -> None:
         loop = asyncio.get_running_loop()
+        self.loop = loop
         self.future: asyncio.Future[tuple[str, bytes | None]] = loop.create_future()
-        self.inbox = inbox_for(loop)
         self.abandon = abandon
-        self.register()
+        results().watch(loop)
+        self.register(token)
 
     def finish(self, status: int, detail: str, body: bytes | None) -> None:
-        if not self.inbox.push(lambda: self.settle(status, detail, body)):
+        """Runs on whichever thread took the result."""
+        if asyncio._get_running_loop() is self.loop:  # pyright: ignore[reportPrivateUsage]
+            self.settle(status, detail, body)
+        elif not inbox_for(self.loop).push(lambda: self.settle(status, detail, body)):
             self.give_up(status, body)  # its loop is closed: nobody will settle it
 
     def settle(self, status: int, detail: str, body: bytes | None) -> None:
@@ -131,45 +152,132 @@ class Completion(Pending):
 
 
 _pending: dict[int, Pending] = {}
+_early: dict[int, tuple[int, str, bytes | None]] = {}
+"""Results taken before their operation was registered (the thread that started it had not
+got the interpreter back yet); only tokens of pending operations can land here."""
+_pending_lock = threading.Lock()  # _pending and _early change together
 _tokens = itertools.count(1)
 
 
-def _on_complete(closure: Any, status: int, text: Any, data: Any, length: int) -> None:
+def next_token() -> int:
+    return next(_tokens)
+
+
+def closure(token: int) -> Any:
+    """The closure argument that carries token."""
     ffi, _ = _native.load()
-    pending = _pending.pop(int(ffi.cast("uintptr_t", closure)), None)
-    if pending is None:
-        return
+    return ffi.cast("void *", token)
+
+
+def _deliver(token: int, status: int, detail: str, body: bytes | None) -> None:
+    with _pending_lock:
+        pending = _pending.pop(token, None)
+        if pending is None:
+            _early[token] = (status, detail, body)
+    if pending is not None:
+        pending.finish(status, detail, body)
+
+
+TAKE_BATCH = 256
+"""Results taken per cn_queue_take call."""
+
+
+class _TakeScratch(threading.local):
+    """cn_queue_take's out-parameters, one set per thread that takes results."""
+
+    def __init__(self) -> None:
+        ffi, _ = _native.load()
+        self.results = ffi.new("cn_result[]", TAKE_BATCH)
+        self.count = ffi.new("size_t *")
+        self.memory = ffi.new("void **")
+
+
+class ResultQueue:
+    """The process's result queue and the socket pair that signals it (see the module doc)."""
+
+    def __init__(self) -> None:
+        ffi, lib = _native.load()
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        handle = ffi.new("cn_queue *")
+        _native.check(lib.cn_queue_new(self._writer.fileno(), handle))
+        self.handle = int(handle[0])
+        self._watched: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+        self._watcher: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._scratch = _TakeScratch()
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Makes loop take results when the queue is signalled. Runs on the loop's thread."""
+        if loop in self._watched:
+            return
+        with self._lock:
+            try:
+                loop.add_reader(self._reader.fileno(), self.take)
+            except NotImplementedError:  # a proactor loop: a thread watches for it
+                if self._watcher is None:
+                    self._watcher = threading.Thread(target=self._watch_forever, name="channels_nats results", daemon=True)
+                    self._watcher.start()
+            self._watched.add(loop)
+
+    def _watch_forever(self) -> None:
+        while True:
+            select.select([self._reader], [], [])
+            self.take()
+
+    def take(self) -> None:
+        """Takes every result in the queue and finishes its operation (any thread)."""
+        try:
+            while self._reader.recv(4096):  # first the signal bytes, then the results: none is missed
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        ffi, lib = _native.load()
+        null = ffi.NULL
+        scratch = self._scratch
+        results, count, memory = scratch.results, scratch.count, scratch.memory
+        while True:
+            _native.check(lib.cn_queue_take(self.handle, results, TAKE_BATCH, count, memory))
+            n = count[0]
+            if n == 0:
+                return
+            try:
+                for i in range(n):
+                    r = results[i]
+                    body = ffi.buffer(r.data, r.len)[:] if r.data != null else None
+                    detail = _native.text(r.text) if r.text != null else ""
+                    _deliver(int(ffi.cast("uintptr_t", r.closure)), r.status, detail, body)
+            finally:
+                lib.cn_free(memory[0])
+            if n < TAKE_BATCH:
+                return
+
+
+class _Results:
+    queue: ResultQueue | None = None
+
+
+_results = _Results()
+_results_lock = threading.Lock()
+
+
+def results() -> ResultQueue:
+    """The process's result queue, made on first use."""
+    queue = _results.queue
+    if queue is None:
+        with _results_lock:
+            if _results.queue is None:
+                _results.queue = ResultQueue()
+            queue = _results.queue
+    return queue
+
+
+def _on_complete(token: Any, status: int, text: Any, data: Any, length: int) -> None:
+    ffi, _ = _native.load()
     body = ffi.buffer(data, length)[:] if data != ffi.NULL else None
     detail = _native.text(text) if text != ffi.NULL else ""
-    pending.finish(status, detail, body)
-
-
-def _on_batch(_closure: Any, results: Any, count: int) -> None:
-    """Every result that was ready, in one call: one GIL acquisition for the whole batch, and one
-    wake-up per event loop."""
-    ffi, _ = _native.load()
-    null = ffi.NULL
-    per_inbox: dict[LoopInbox, list[tuple[Completion, int, str, bytes | None]]] = {}
-    for i in range(count):
-        r = results[i]
-        pending = _pending.pop(int(ffi.cast("uintptr_t", r.closure)), None)
-        if pending is None:
-            continue
-        body = ffi.buffer(r.data, r.len)[:] if r.data != null else None
-        detail = _native.text(r.text) if r.text != null else ""
-        if isinstance(pending, Completion):
-            per_inbox.setdefault(pending.inbox, []).append((pending, r.status, detail, body))
-        else:
-            pending.finish(r.status, detail, body)
-    for inbox, settled in per_inbox.items():
-        if not inbox.push(lambda settled=settled: _settle_all(settled)):
-            for completion, status, _, body in settled:
-                completion.give_up(status, body)  # its loop is closed: nobody will settle it
-
-
-def _settle_all(settled: list[tuple[Completion, int, str, bytes | None]]) -> None:
-    for completion, status, detail, body in settled:
-        completion.settle(status, detail, body)
+    _deliver(int(ffi.cast("uintptr_t", token)), status, detail, body)
 
 
 def _on_log(_closure: Any, level: int, message: Any) -> None:
@@ -178,7 +286,6 @@ def _on_log(_closure: Any, level: int, message: Any) -> None:
 
 class _Callbacks:
     complete: Any = None
-    batch: Any = None
     log: Any = None
 
 
@@ -189,18 +296,13 @@ _callbacks_lock = threading.Lock()
 def callbacks() -> tuple[Any, Any]:
     """The C callbacks for completions and logs, made once per process (each costs executable
     memory in cffi's ABI mode)."""
+    if _callbacks.complete is not None:
+        return _callbacks.complete, _callbacks.log
     ffi, _ = _native.load()
     with _callbacks_lock:
         if _callbacks.complete is None:
             _callbacks.complete = ffi.callback(
                 "void(void *, cn_status, const char *, const uint8_t *, size_t)", _on_complete
             )
-            _callbacks.batch = ffi.callback("void(void *, const cn_result *, size_t)", _on_batch)
             _callbacks.log = ffi.callback("void(void *, int, const char *)", _on_log)
     return _callbacks.complete, _callbacks.log
-
-
-def batch_callback() -> Any:
-    """The C callback that receives results in batches (cn_set_batch_callback)."""
-    callbacks()
-    return _callbacks.batch

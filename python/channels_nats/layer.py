@@ -158,11 +158,16 @@ class NatsChannelLayer(BaseChannelLayer):
 
     def require_valid_channel_name(self, name: object, receive: bool = False) -> bool:
         """Channels' rules, plus what a NATS subject needs, checked before any I/O (C1)."""
+        if type(name) is str and len(name) < self.MAX_NAME_LENGTH and _PLAIN_CHANNEL.fullmatch(name):
+            if not receive or "!" not in name or name.endswith("!"):
+                return True  # the common shape, which passes every rule below
         super().require_valid_channel_name(name, receive)  # raises TypeError unless a valid str
         _require_subject_tokens("Channel", str(name).partition("!")[0])
         return True
 
     def require_valid_group_name(self, name: object) -> bool:
+        if type(name) is str and len(name) < self.MAX_NAME_LENGTH and _PLAIN_GROUP.fullmatch(name):
+            return True
         super().require_valid_group_name(name)
         _require_subject_tokens("Group", str(name))
         return True
@@ -189,9 +194,9 @@ class NatsChannelLayer(BaseChannelLayer):
                     attempt.forget()
                     self._connecting = None
                     _native.check(status)
-                # Results of this client's operations come in batches: entering Python (the GIL)
-                # once per batch instead of once per message is what keeps fan-out cheap.
-                _native.check(lib.cn_set_batch_callback(attempt.client, _bridge.batch_callback(), ffi.NULL))
+                # Results of this client's operations wait in the process's result queue until
+                # an event loop takes them: no library thread enters Python for a message.
+                _native.check(lib.cn_set_result_queue(attempt.client, _bridge.results().handle))
             waiter: asyncio.Future[None] = loop.create_future()
             attempt.waiters.append((_bridge.inbox_for(loop), waiter))
         await waiter
@@ -221,34 +226,40 @@ class NatsChannelLayer(BaseChannelLayer):
         self.require_valid_channel_name(channel)
         assert "__asgi_channel__" not in message, "the __asgi_channel__ key is reserved"
         body = _pack(message)
-        client = await self._connection()
+        client = self._client or await self._connection()
         _, lib = _native.load()
-        await self._call(
-            lambda complete, closure, op: lib.cn_send(client, channel.encode(), body, len(body), complete, closure, op),
-            client,
-        )
+        complete, _ = _bridge.callbacks()
+        token, op = _bridge.next_token(), _scratch().op
+        status = lib.cn_send(client, channel.encode(), body, len(body), complete, _bridge.closure(token), op)
+        if status != _native.PENDING:
+            _native.check(status)
+            return
+        await self._wait(token, op[0], client)
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
         self.require_valid_channel_name(channel)
-        client = await self._connection()
+        client = self._client or await self._connection()
         ffi, lib = _native.load()
+        complete, _ = _bridge.callbacks()
         name = channel.encode()
         scratch = _scratch()
-        body_out, len_out = scratch.body, scratch.len
+        token = _bridge.next_token()
+        status = lib.cn_receive(client, name, complete, _bridge.closure(token), scratch.body, scratch.len, scratch.op)
+        if status == _native.OK:  # a message was waiting
+            body = scratch.body[0]
+            try:
+                return msgpack.unpackb(ffi.buffer(body, scratch.len[0]), raw=False)
+            finally:
+                lib.cn_free(body)
+        _native.check(status)
 
         def put_back(status: int, body: bytes | None) -> None:
             if status == _native.OK and body is not None:
                 lib.cn_put_back(client, name, body, len(body))
 
-        _, body = await self._call(
-            lambda complete, closure, op: lib.cn_receive(client, name, complete, closure, body_out, len_out, op),
-            client,
-            abandon=put_back,
-        )
-        if body is None:  # finished at once
-            body = ffi.buffer(body_out[0], len_out[0])[:]
-            lib.cn_free(body_out[0])
+        _, body = await self._wait(token, scratch.op[0], client, put_back)
+        assert body is not None
         return msgpack.unpackb(body, raw=False)
 
     # ---- groups -----------------------------------------------------------------------------
@@ -288,14 +299,15 @@ class NatsChannelLayer(BaseChannelLayer):
         assert isinstance(message, dict), "message is not a dict"
         self.require_valid_group_name(group)
         body = _pack(message)
-        client = await self._connection()
+        client = self._client or await self._connection()
         _, lib = _native.load()
-        await self._call(
-            lambda complete, closure, op: lib.cn_group_send(
-                client, group.encode(), body, len(body), complete, closure, op
-            ),
-            client,
-        )
+        complete, _ = _bridge.callbacks()
+        token, op = _bridge.next_token(), _scratch().op
+        status = lib.cn_group_send(client, group.encode(), body, len(body), complete, _bridge.closure(token), op)
+        if status != _native.PENDING:
+            _native.check(status)
+            return
+        await self._wait(token, op[0], client)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -344,20 +356,22 @@ class NatsChannelLayer(BaseChannelLayer):
     # ---- plumbing ---------------------------------------------------------------------------
 
     async def _call(self, start: Any, client: int, abandon: _bridge.Abandon | None = None) -> tuple[str, bytes | None]:
-        """Starts an operation; awaits its callback only when it could not finish at once.
-
-        Returns (text, body) of a pending operation, or ("", None) when it finished at once.
-        """
-        _, lib = _native.load()
+        """Starts an operation with start(callback, closure, op); awaits its result only when it
+        could not finish at once. Returns (text, body) of a pending operation, or ("", None)."""
         complete, _ = _bridge.callbacks()
-        completion = _bridge.Completion(abandon)
-        op = _scratch().op
-        status = start(complete, completion.closure(), op)
+        token, op = _bridge.next_token(), _scratch().op
+        status = start(complete, _bridge.closure(token), op)
         if status != _native.PENDING:
-            completion.forget()
             _native.check(status)
             return "", None
-        op_handle = op[0]  # the scratch is reused by the next call on this thread
+        return await self._wait(token, op[0], client, abandon)
+
+    async def _wait(
+        self, token: int, op: int, client: int, abandon: _bridge.Abandon | None = None
+    ) -> tuple[str, bytes | None]:
+        """Awaits the result of the pending operation op (started with token as its closure).
+        Cancelling it withdraws the operation, or hands a result that came anyway to abandon."""
+        completion = _bridge.Completion(token, abandon)
         try:
             return await completion.future
         except asyncio.CancelledError:
@@ -367,10 +381,14 @@ class NatsChannelLayer(BaseChannelLayer):
                 # takes it, so it is returned (a received message goes back to its mailbox).
                 if future.exception() is None:
                     completion.give_up(_native.OK, future.result()[1])
-            elif lib.cn_cancel(client, op_handle) == _native.OK:
-                completion.forget()  # withdrawn: its callback will not run
-            # Otherwise the callback runs or ran; settle() finds the future cancelled and hands
-            # the result to abandon.
+            else:
+                _, lib = _native.load()
+                if lib.cn_cancel(client, op) == _native.OK:
+                    completion.forget()  # withdrawn: no result will come
+                else:
+                    # It finished, and its result is in the queue already: take it now, so that
+                    # settle() finds the future cancelled and hands it to abandon.
+                    _bridge.results().take()
             raise
 
 
@@ -396,6 +414,12 @@ def _scratch() -> _Scratch:
     if _scratch_holder.value is None:
         _scratch_holder.value = _Scratch()  # threading.local: each thread gets its own fields
     return _scratch_holder.value
+
+
+_PLAIN_GROUP = re.compile(r"[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)*")
+_PLAIN_CHANNEL = re.compile(r"[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)*(?:![A-Za-z0-9_\-.]*)?")
+"""Names made of dot-separated ASCII tokens, with an optional "!suffix" for channels: valid under
+Channels' rules and as NATS subjects, so the checks below need not run for them."""
 
 
 def _require_subject_tokens(kind: str, part: str) -> None:
