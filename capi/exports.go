@@ -149,7 +149,7 @@ func publish(h C.cn_client, name *C.char, what string, body *C.uint8_t, n C.size
 	if err != nil {
 		return fail(err)
 	}
-	o.run(func() { o.finish(send(l, o.ctx, target, data), "", nil) })
+	o.run(func(ctx context.Context) { o.finish(send(l, ctx, target, data), "", nil) })
 	if opOut != nil {
 		*opOut = C.cn_op(o.id)
 	}
@@ -221,12 +221,6 @@ func cngo_receive(h C.cn_client, channel *C.char, cb C.cn_callback, closure C.ui
 		*bodyOut, *lenOut = cCopy(body), C.size_t(len(body))
 		return C.CN_OK
 	}
-	// A message that is already waiting costs no pending operation.
-	if msg, ok, err := l.TakeReceive(name); err != nil {
-		return fail(err)
-	} else if ok {
-		return ready(msg.Body)
-	}
 	if cb == nil {
 		body, err := l.ReceiveRaw(context.Background(), name)
 		if err != nil {
@@ -234,15 +228,15 @@ func cngo_receive(h C.cn_client, channel *C.char, cb C.cn_callback, closure C.ui
 		}
 		return ready(body)
 	}
-	o, err := c.start(cb, closure)
-	if err != nil {
-		return fail(err)
-	}
+	o := c.newOp(cb, closure)
 	msg, pending, err := l.StartReceive(layer.NoWait(context.Background()), name, o.deliver(l))
 	switch {
 	case errors.Is(err, layer.ErrWouldBlock): // the channel's subscription is not confirmed yet
-		o.run(func() {
-			msg, pending, err := l.StartReceive(o.ctx, name, o.deliver(l))
+		if err := c.register(o); err != nil {
+			return fail(err)
+		}
+		o.run(func(ctx context.Context) {
+			msg, pending, err := l.StartReceive(ctx, name, o.deliver(l))
 			switch {
 			case err != nil:
 				o.finish(err, "", nil)
@@ -253,15 +247,14 @@ func cngo_receive(h C.cn_client, channel *C.char, cb C.cn_callback, closure C.ui
 			}
 		})
 	case err != nil:
-		o.state.Store(opWithdrawn)
-		o.unregister()
 		return fail(err)
-	case pending == nil:
-		o.state.Store(opWithdrawn)
-		o.unregister()
+	case pending == nil: // a message was waiting: no pending operation at all
 		return ready(msg.Body)
 	default:
 		o.waitFor(pending)
+		if err := c.register(o); err != nil && o.withdraw() {
+			return fail(err) // closing: nothing was delivered, nor will be
+		} // else it finished already: its result is on its way, as for any pending operation
 	}
 	if opOut != nil {
 		*opOut = C.cn_op(o.id)
@@ -314,8 +307,8 @@ func pendingOrNow(c *client, cb C.cn_callback, closure C.uintptr_t, opOut *C.cn_
 	if err != nil {
 		return fail(err)
 	}
-	o.run(func() {
-		text, err := call(o.ctx)
+	o.run(func(ctx context.Context) {
+		text, err := call(ctx)
 		if !o.finish(err, text, nil) && err == nil && undo != nil {
 			undo() // cn_cancel won the race with the success: keep its promise
 		}

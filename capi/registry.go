@@ -84,10 +84,9 @@ type op struct {
 	cb      C.cn_callback
 	closure C.uintptr_t
 	state   atomic.Int32
-	ctx     context.Context
-	cancel  context.CancelFunc
 
 	mu      sync.Mutex
+	cancel  context.CancelFunc    // set by run: ends the wait of the goroutine working for it
 	receive *layer.PendingReceive // a receive waiting in its mailbox
 }
 
@@ -97,23 +96,41 @@ const (
 	opWithdrawn
 )
 
-// start registers a pending operation; it fails once the client is closing.
-func (c *client) start(cb C.cn_callback, closure C.uintptr_t) (*op, error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	o := &op{id: nextHandle(), c: c, cb: cb, closure: closure, ctx: ctx, cancel: cancel}
+// newOp makes an operation that is not registered yet: a call that may finish at once pays for
+// registering only when it does not.
+func (c *client) newOp(cb C.cn_callback, closure C.uintptr_t) *op {
+	return &op{id: nextHandle(), c: c, cb: cb, closure: closure}
+}
+
+// register makes o known to cn_cancel and close; it fails once the client is closing. An
+// operation that finished before it was registered (its result raced the registration) is not
+// kept: finish deletes after its state changed, register inserts only while it has not.
+func (c *client) register(o *op) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closing {
-		cancel()
-		return nil, layer.ErrClosed
+		return layer.ErrClosed
 	}
-	c.ops[o.id] = o
-	return o, nil
+	if o.state.Load() == opPending {
+		c.ops[o.id] = o
+	}
+	return nil
 }
 
-// unregister forgets o in its client.
+// start registers a new pending operation.
+func (c *client) start(cb C.cn_callback, closure C.uintptr_t) (*op, error) {
+	o := c.newOp(cb, closure)
+	return o, c.register(o)
+}
+
+// unregister forgets o in its client and ends the wait of a goroutine working for it.
 func (o *op) unregister() {
-	o.cancel()
+	o.mu.Lock()
+	cancel := o.cancel
+	o.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 	o.c.mu.Lock()
 	delete(o.c.ops, o.id)
 	o.c.mu.Unlock()
@@ -194,13 +211,21 @@ func (o *op) waitFor(pr *layer.PendingReceive) {
 	}
 }
 
-// go runs f for o on a library goroutine that close waits for.
-func (o *op) run(f func()) {
+// run runs f for o on a library goroutine that close waits for; f's context ends when o is
+// withdrawn or finished.
+func (o *op) run(f func(ctx context.Context)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	o.mu.Lock()
+	o.cancel = cancel
+	o.mu.Unlock()
+	if o.state.Load() != opPending {
+		cancel() // withdrawn meanwhile
+	}
 	o.c.running.Add(1)
 	go func() {
 		defer o.c.running.Done()
 		defer recoverInGoroutine(o.c)
-		f()
+		f(ctx)
 	}()
 }
 

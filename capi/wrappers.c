@@ -149,6 +149,17 @@ cn_status cn_put_back(cn_client client, const char *channel, const uint8_t *body
     return cngo_put_back(client, (char *)channel, (uint8_t *)body, len);
 }
 
+cn_status cn_receive_many(cn_client client, const char *channel, size_t max, uint8_t **block,
+                          size_t *len, size_t *count) {
+    CN_ENTER();
+    return cngo_receive_many(client, (char *)channel, max, block, len, count);
+}
+
+cn_status cn_put_back_many(cn_client client, const char *channel, const uint8_t *block, size_t len) {
+    CN_ENTER();
+    return cngo_put_back_many(client, (char *)channel, (uint8_t *)block, len);
+}
+
 cn_status cn_new_channel(cn_client client, const char *prefix, cn_callback callback, void *closure,
                          char **channel, cn_op *op) {
     CN_ENTER();

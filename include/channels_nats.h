@@ -240,6 +240,37 @@ CN_EXTERN cn_status cn_receive(cn_client client, const char *channel, cn_callbac
 CN_EXTERN cn_status cn_put_back(cn_client client, const char *channel, const uint8_t *body,
                                 size_t len);
 
+/*
+ * Takes up to max messages that are waiting in a channel's mailbox, oldest first, without
+ * waiting and without subscribing: for hosts that buffer received messages themselves (one call
+ * for many messages). They count as delivered. A host that will not deliver some of them must
+ * return them with cn_put_back_many(), or they are lost; it should not keep them longer than
+ * their time left (they would have expired in the mailbox).
+ *   max    at most this many (0 takes none).
+ *   block  required; receives NULL when *count is 0, else the messages back to back, each as a
+ *          record: uint32 body length, uint32 milliseconds left before it expires (both
+ *          little-endian), then the body. Free it with cn_free().
+ *   len    required; receives the block's size in bytes.
+ *   count  required; receives how many messages it holds (0: none waiting, or the channel's
+ *          subscription is not confirmed yet; cn_receive() then does what is needed).
+ * Returns CN_OK, CN_INVALID_ARG, CN_INVALID_NAME, CN_FOREIGN_CHANNEL, CN_INVALID_HANDLE,
+ * CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_receive_many(cn_client client, const char *channel, size_t max,
+                                    uint8_t **block, size_t *len, size_t *count);
+
+/*
+ * Returns messages taken with cn_receive_many() that the host will not deliver to the front of
+ * the channel's mailbox, in their order (or to waiting receives), with the time each has left
+ * now, so they expire when they would have.
+ *   block, len  records in the form cn_receive_many() gives (the time left updated, or not);
+ *               len 0 returns nothing. The library copies what it keeps.
+ * Returns CN_OK, CN_INVALID_ARG (NULL, or a block that ends inside a record), CN_INVALID_NAME,
+ * CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_put_back_many(cn_client client, const char *channel, const uint8_t *block,
+                                     size_t len);
+
 /* ---- Channels and groups ---------------------------------------------------------------- */
 
 /*

@@ -72,11 +72,11 @@ func (mb *mailbox) pop(now time.Time, expiry time.Duration) (e entry, ok bool, e
 	return e, true, expired
 }
 
-// pushFront returns an entry that was handed to a receiver that is gone (S14).
-func (mb *mailbox) pushFront(e entry) {
+// insert puts an entry that was handed to a receiver that is gone back at position i (S14).
+func (mb *mailbox) insert(i int, e entry) {
 	mb.entries = append(mb.entries, entry{})
-	copy(mb.entries[1:], mb.entries)
-	mb.entries[0] = e
+	copy(mb.entries[i+1:], mb.entries[i:])
+	mb.entries[i] = e
 }
 
 // takeWaiter removes and returns the longest-waiting receiver, or nil.

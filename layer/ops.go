@@ -195,28 +195,50 @@ func (l *Layer) StartReceive(ctx context.Context, channel string, deliver func(M
 	}
 }
 
-// TakeReceive returns the oldest live message of channel when one is waiting and the channel's
-// subscription is confirmed; ok is false otherwise, and nothing changed: StartReceive then
-// subscribes or waits. It never blocks, so a host can try it before paying for a pending receive.
-func (l *Layer) TakeReceive(channel string) (msg Message, ok bool, err error) {
+// TakeReceive returns up to max of the oldest live messages of channel, oldest first, when they
+// are waiting and the channel's subscription is confirmed; none otherwise, and nothing changed:
+// StartReceive then subscribes or waits. It never blocks, so a host can try it before paying for
+// a pending receive, or take several messages at once into a buffer of its own (TimeLeft says
+// how long each may stay there; PutBack returns what it will not deliver).
+func (l *Layer) TakeReceive(channel string, max int) ([]Message, error) {
 	if err := ValidateChannelName(channel); err != nil {
-		return Message{}, false, err
+		return nil, err
 	}
 	key, err := l.receiveKey(channel)
 	if err != nil {
-		return Message{}, false, err
+		return nil, err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return Message{}, false, ErrClosed
+		return nil, ErrClosed
 	}
 	mb := l.mailboxes[channel]
 	if s := l.subs[key]; s == nil || !s.confirmed || mb == nil {
-		return Message{}, false, nil
+		return nil, nil
 	}
-	msg, ok = l.popLocked(mb, time.Now())
-	return msg, ok, nil
+	now := time.Now()
+	var taken []Message
+	for len(taken) < max {
+		msg, ok := l.popLocked(mb, now)
+		if !ok {
+			break
+		}
+		taken = append(taken, msg)
+	}
+	return taken, nil
+}
+
+// TimeLeft is how long m could still have waited in its mailbox before expiring (S4), at now;
+// never negative.
+func (l *Layer) TimeLeft(m Message, now time.Time) time.Duration {
+	return max(0, l.cfg.Expiry-now.Sub(m.at))
+}
+
+// Returned rebuilds a message that a host took and kept, from its body and the time it has left
+// now, for PutBack: it expires when it would have expired in its mailbox.
+func (l *Layer) Returned(channel string, body []byte, left time.Duration) Message {
+	return Message{Channel: channel, Body: body, at: time.Now().Add(left - l.cfg.Expiry)}
 }
 
 // receiveKey is the subscription a receive on channel needs; a process channel must be this
@@ -300,49 +322,61 @@ func (l *Layer) Receive(ctx context.Context, channel string) (map[string]any, er
 	return DecodeMessage(body)
 }
 
-// PutBack returns a received message that its receiver could not take (its task was cancelled,
-// its event loop closed) to the front of its mailbox, or to the next waiting receive (S14). If
-// the plain channel was released meanwhile, the message is re-published on its subject. A host
-// that kept only the body and the channel name may pass Message{Channel: name, Body: body}.
-func (l *Layer) PutBack(msg Message) {
-	name, at := msg.Channel, msg.at
-	if msg.mb != nil {
-		name = msg.mb.name
-	}
-	if at.IsZero() {
-		at = time.Now()
-	}
+// PutBack returns received messages that their receiver could not take (its task was cancelled,
+// its event loop closed, a host buffer it will not deliver) to the front of their mailboxes, in
+// their order, or to the next waiting receives (S14). If a plain channel was released meanwhile,
+// its messages are re-published on its subject. A host that kept only the body and the channel
+// name may pass Message{Channel: name, Body: body} (it gets a full expiry again), or Returned.
+func (l *Layer) PutBack(msgs ...Message) {
+	now := time.Now()
+	inserted := map[*mailbox]int{} // put-backs of this call already at the front of a mailbox
+	handBack := map[string][][]byte{}
 	l.mu.Lock()
-	if l.closed || name == "" {
+	if l.closed {
 		l.mu.Unlock()
 		return
 	}
-	uncount(&l.counters.delivered) // it was counted when it was handed over
-	mb := l.mailboxes[name]
-	released := msg.mb != nil && mb != msg.mb && msg.mb.plain
-	if released || mb == nil && !IsProcessChannel(name) {
-		nc := l.nc
-		l.mu.Unlock()
-		l.handBack(nc, l.subj.channel(name), [][]byte{msg.Body})
-		return
+	for _, msg := range msgs {
+		name, at := msg.Channel, msg.at
+		if msg.mb != nil {
+			name = msg.mb.name
+		}
+		if name == "" {
+			continue
+		}
+		if at.IsZero() {
+			at = now
+		}
+		uncount(&l.counters.delivered) // it was counted when it was handed over
+		mb := l.mailboxes[name]
+		released := msg.mb != nil && mb != msg.mb && msg.mb.plain
+		switch {
+		case released || mb == nil && !IsProcessChannel(name):
+			subject := l.subj.channel(name)
+			handBack[subject] = append(handBack[subject], msg.Body)
+		case mb == nil:
+			l.countNoMailbox(name)
+		default:
+			if w := mb.takeWaiter(); w != nil {
+				l.readerLeft(mb, now, false)
+				l.counters.delivered.Add(1)
+				l.routines.Add(1)
+				delivered := Message{Body: msg.Body, Channel: name, mb: mb, at: at}
+				go func() { // callbacks run on library goroutines, never on the caller's
+					defer l.routines.Done()
+					w.deliver(delivered, nil)
+				}()
+			} else {
+				mb.insert(inserted[mb], entry{at, msg.Body})
+				inserted[mb]++
+			}
+		}
 	}
-	if mb == nil {
-		l.mu.Unlock()
-		l.countNoMailbox(name)
-		return
-	}
-	if w := mb.takeWaiter(); w != nil {
-		l.readerLeft(mb, time.Now(), false)
-		l.counters.delivered.Add(1)
-		l.routines.Add(1)
-		go func() { // callbacks run on library goroutines, never on the caller's
-			defer l.routines.Done()
-			w.deliver(Message{Body: msg.Body, Channel: name, mb: mb, at: at}, nil)
-		}()
-	} else {
-		mb.pushFront(entry{at, msg.Body})
-	}
+	nc := l.nc
 	l.mu.Unlock()
+	for subject, bodies := range handBack {
+		l.handBack(nc, subject, bodies)
+	}
 }
 
 // uncount takes one back from a counter, never below zero.

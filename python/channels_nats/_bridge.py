@@ -205,12 +205,13 @@ class ResultQueue:
         self.handle = int(handle[0])
         self._watched: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
         self._watcher: threading.Thread | None = None
+        self._last_watched: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._scratch = _TakeScratch()
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
         """Makes loop take results when the queue is signalled. Runs on the loop's thread."""
-        if loop in self._watched:
+        if loop is self._last_watched or loop in self._watched:
             return
         with self._lock:
             try:
@@ -220,6 +221,7 @@ class ResultQueue:
                     self._watcher = threading.Thread(target=self._watch_forever, name="channels_nats results", daemon=True)
                     self._watcher.start()
             self._watched.add(loop)
+            self._last_watched = loop  # the common case, one loop, without the weak set's cost
 
     def _watch_forever(self) -> None:
         while True:

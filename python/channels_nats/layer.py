@@ -14,7 +14,7 @@ import msgpack
 from channels.exceptions import ChannelFull, MessageTooLarge
 from channels.layers import BaseChannelLayer
 
-from . import _bridge, _native
+from . import _bridge, _buffers, _native
 
 CONNECT_OPTIONS = frozenset(
     {
@@ -73,6 +73,7 @@ class _Connecting(_bridge.Pending):
             if layer._connecting is self:  # pyright: ignore[reportPrivateUsage]
                 layer._connecting = None  # pyright: ignore[reportPrivateUsage]
                 if status == _native.OK:
+                    layer._buffers = _buffers.ReceiveBuffers(self.client)  # pyright: ignore[reportPrivateUsage]
                     layer._client = self.client  # pyright: ignore[reportPrivateUsage]
             waiters, self.waiters = self.waiters, []
         for inbox, future in waiters:
@@ -152,6 +153,7 @@ class NatsChannelLayer(BaseChannelLayer):
         self._lock = threading.Lock()
         self._client = 0
         self._connecting: _Connecting | None = None
+        self._buffers: _buffers.ReceiveBuffers | None = None  # of the current client
         _open_layers.add(self)
 
     # ---- names --------------------------------------------------------------------------------
@@ -238,27 +240,42 @@ class NatsChannelLayer(BaseChannelLayer):
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
+        buffers = self._buffers
+        if buffers is not None and type(channel) is str:  # only names received on before are buffered
+            buffered = buffers.take(channel)
+            if buffered is not None:
+                return msgpack.unpackb(buffered, raw=False)
         self.require_valid_channel_name(channel)
         client = self._client or await self._connection()
+        buffers = self._buffers
         ffi, lib = _native.load()
         complete, _ = _bridge.callbacks()
         name = channel.encode()
         scratch = _scratch()
         token = _bridge.next_token()
         status = lib.cn_receive(client, name, complete, _bridge.closure(token), scratch.body, scratch.len, scratch.op)
-        if status == _native.OK:  # a message was waiting
+        if status == _native.OK:  # a message was waiting: a backlog, worth taking ahead
             body = scratch.body[0]
             try:
-                return msgpack.unpackb(ffi.buffer(body, scratch.len[0]), raw=False)
+                message = msgpack.unpackb(ffi.buffer(body, scratch.len[0]), raw=False)
             finally:
                 lib.cn_free(body)
+            if buffers is not None and "!" in channel:
+                buffers.fill(channel)
+            return message
         _native.check(status)
 
         def put_back(status: int, body: bytes | None) -> None:
             if status == _native.OK and body is not None:
                 lib.cn_put_back(client, name, body, len(body))
 
-        _, body = await self._wait(token, scratch.op[0], client, put_back)
+        op = scratch.op[0]
+        completion = _bridge.Completion(token, put_back)
+        try:  # inline, not through _wait: this is the hot path of every fan-out
+            _, body = await completion.future
+        except asyncio.CancelledError:
+            _withdraw(completion, client, op)
+            raise
         assert body is not None
         return msgpack.unpackb(body, raw=False)
 
@@ -316,6 +333,8 @@ class NatsChannelLayer(BaseChannelLayer):
         client = self._client
         if not client:
             return
+        if self._buffers is not None:
+            self._buffers.give_back_all()  # to be emptied with the mailboxes
         _, lib = _native.load()
         status = lib.cn_flush(client)
         if status not in (_native.OK, _native.CLOSED):
@@ -327,10 +346,13 @@ class NatsChannelLayer(BaseChannelLayer):
         with self._lock:
             client, self._client = self._client, 0
             attempt, self._connecting = self._connecting, None
+            buffers, self._buffers = self._buffers, None
         if attempt is not None:
             client = attempt.client  # abandon the connect in progress
         if not client or _native.forked():
             return  # a forked child cannot reach its parent's client: there is nothing to close
+        if buffers is not None:
+            buffers.give_back_all()  # the close accounts for them with the mailboxes
         _, lib = _native.load()
         complete, _ = _bridge.callbacks()
         done = _bridge.Completion()
@@ -369,27 +391,32 @@ class NatsChannelLayer(BaseChannelLayer):
     async def _wait(
         self, token: int, op: int, client: int, abandon: _bridge.Abandon | None = None
     ) -> tuple[str, bytes | None]:
-        """Awaits the result of the pending operation op (started with token as its closure).
-        Cancelling it withdraws the operation, or hands a result that came anyway to abandon."""
+        """Awaits the result of the pending operation op (started with token as its closure)."""
         completion = _bridge.Completion(token, abandon)
         try:
             return await completion.future
         except asyncio.CancelledError:
-            future = completion.future
-            if future.done() and not future.cancelled():
-                # The result arrived, but the task was cancelled before it could resume: nobody
-                # takes it, so it is returned (a received message goes back to its mailbox).
-                if future.exception() is None:
-                    completion.give_up(_native.OK, future.result()[1])
-            else:
-                _, lib = _native.load()
-                if lib.cn_cancel(client, op) == _native.OK:
-                    completion.forget()  # withdrawn: no result will come
-                else:
-                    # It finished, and its result is in the queue already: take it now, so that
-                    # settle() finds the future cancelled and hands it to abandon.
-                    _bridge.results().take()
+            _withdraw(completion, client, op)
             raise
+
+
+def _withdraw(completion: _bridge.Completion, client: int, op: int) -> None:
+    """The task awaiting a pending operation was cancelled: withdraw the operation, or hand a
+    result that came anyway to the completion's abandon hook (a message goes back, S14)."""
+    future = completion.future
+    if future.done() and not future.cancelled():
+        # The result arrived, but the task was cancelled before it could resume: nobody takes
+        # it, so it is returned.
+        if future.exception() is None:
+            completion.give_up(_native.OK, future.result()[1])
+        return
+    _, lib = _native.load()
+    if lib.cn_cancel(client, op) == _native.OK:
+        completion.forget()  # withdrawn: no result will come
+    else:
+        # It finished, and its result is in the queue already: take it now, so that settle()
+        # finds the future cancelled and hands it to abandon.
+        _bridge.results().take()
 
 
 class _Scratch(threading.local):
