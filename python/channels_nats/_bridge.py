@@ -218,8 +218,9 @@ class ResultQueue:
                 loop.add_reader(self._reader.fileno(), self.take)
             except NotImplementedError:  # a proactor loop: a thread watches for it
                 if self._watcher is None:
-                    self._watcher = threading.Thread(target=self._watch_forever, name="channels_nats results", daemon=True)
-                    self._watcher.start()
+                    watcher = threading.Thread(target=self._watch_forever, name="channels_nats results", daemon=True)
+                    watcher.start()
+                    self._watcher = watcher
             self._watched.add(loop)
             self._last_watched = loop  # the common case, one loop, without the weak set's cost
 
