@@ -56,7 +56,8 @@ func name(st int32) string {
 }
 
 // The cn_* functions, bound in TestMain. Pointers the library writes through are *uint64
-// (cn_client*, cn_op*) and *uintptr (char**, uint8_t**, size_t*); strings are NUL-terminated
+// (cn_client*, cn_op*, cn_queue*), *uintptr (char**, uint8_t**, void**, size_t*) and *cResult
+// (cn_result*); intptr_t is int (64-bit Linux); strings are NUL-terminated
 // byte slices (*byte, nil for NULL) so that NULL and invalid UTF-8 can be passed.
 var (
 	cnVersion      func() string
@@ -76,6 +77,10 @@ var (
 	cnCancel       func(h uint64, op uint64) int32
 	cnStats        func(h uint64, json *uintptr) int32
 	cnSetBatch     func(h uint64, cb, closure uintptr) int32
+	cnQueueNew     func(notify int, queue *uint64) int32
+	cnSetQueue     func(h uint64, queue uint64) int32
+	cnQueueTake    func(queue uint64, results *cResult, capacity uintptr, count *uintptr, memory *uintptr) int32
+	cnQueueFree    func(queue uint64) int32
 )
 
 // The two C function pointers, made once per test binary.
@@ -159,6 +164,10 @@ func load() error {
 	bind(&cnCancel, "cn_cancel")
 	bind(&cnStats, "cn_stats")
 	bind(&cnSetBatch, "cn_set_batch_callback")
+	bind(&cnQueueNew, "cn_queue_new")
+	bind(&cnSetQueue, "cn_set_result_queue")
+	bind(&cnQueueTake, "cn_queue_take")
+	bind(&cnQueueFree, "cn_queue_free")
 	if err != nil {
 		return err
 	}

@@ -13,8 +13,10 @@
  * channel shared by two clients; group fan-out (one client, two clients); group_discard; cancel
  * before delivery; put_back; stats; flush; every error status with cn_last_error(); waiting calls
  * refused inside callbacks; cancel of an op never issued; the "specific.<id>!" prefix receive;
- * close abandoning a connect; concurrent threads; a waiting receive ended by close; pending close
- * ordering (receive callbacks before the close callback, nothing after); closing the clients.
+ * close abandoning a connect; concurrent threads; result queues (a pipe notify watched with poll(),
+ * take, free refused while attached, untaken results discarded); a waiting receive ended by close;
+ * pending close ordering (receive callbacks before the close callback, nothing after); closing the
+ * clients.
  *
  * Output: one line per check, "ok   <name>" or "FAIL <name>: <detail>", then "N passed, M failed".
  * Every pointer the library returns is released with cn_free(), so that valgrind reports no
@@ -25,6 +27,8 @@
  *        -I build/<goos>-<goarch> abi_check.c -L build/<goos>-<goarch> -lchannels_nats -pthread
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1374,6 +1378,167 @@ static int check_threads(char *why) {
     return ok;
 }
 
+/* ---- result queues ---------------------------------------------------------------------- */
+
+static int set_nonblock(int fd) {
+    int fl = fcntl(fd, F_GETFL);
+    return fl >= 0 && fcntl(fd, F_SETFL, fl | O_NONBLOCK) == 0;
+}
+
+/* Reads and discards what waits on the non-blocking fd; returns how many bytes. */
+static int drain_fd(int fd) {
+    char buf[64];
+    int total = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n > 0) {
+            total += (int)n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else {
+            return total;
+        }
+    }
+}
+
+/* poll() for POLLIN within timeout_ms (scaled). */
+static int wait_readable(int fd, long timeout_ms) {
+    struct pollfd p;
+    int n;
+    p.fd = fd;
+    p.events = POLLIN;
+    p.revents = 0;
+    do {
+        n = poll(&p, 1, (int)(timeout_ms * g_scale));
+    } while (n < 0 && errno == EINTR);
+    return n > 0 && (p.revents & POLLIN) != 0;
+}
+
+/* A queue with a pipe as notify: argument checks; a pending receive finishes through the queue
+   (one byte on the pipe, poll(), cn_queue_take, cn_free of the block) and never through its
+   callback; cn_queue_free is refused while the client is open; a receive ended by cn_close is
+   taken after the close; then the queue is freed and its handle is invalid, the pipe still open.
+   A second queue (no notify) is freed with a result nobody took. */
+static int check_result_queue(char *why) {
+    char ch[128], plain[64];
+    body_t x = body_of("through-the-queue");
+    cn_queue q = 0, q2 = 0;
+    cn_client c = 0, c2 = 0;
+    cn_result res[4];
+    size_t count = 99;
+    void *mem = NULL;
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op op = 0;
+    result_t r, r2, r3;
+    int fds[2] = {-1, -1}, ok = 0;
+    result_init(&r);
+    result_init(&r2);
+    result_init(&r3);
+    REQUIRE(pipe(fds) == 0, "pipe: %s", strerror(errno));
+    REQUIRE(set_nonblock(fds[0]) && set_nonblock(fds[1]), "fcntl: %s", strerror(errno));
+
+    EXPECT_FAIL(cn_queue_new(fds[1], NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_queue_new(-2, &q), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_queue_new(1 << 20, &q), CN_INVALID_ARG); /* not an open descriptor */
+    EXPECT_OK(cn_queue_new(fds[1], &q));
+    REQUIRE(q != 0, "cn_queue_new: CN_OK with handle 0");
+    EXPECT_OK(cn_queue_take(q, res, 4, &count, &mem));
+    REQUIRE(count == 0 && mem == NULL, "an empty queue gave count %zu, memory %p", count, mem);
+    EXPECT_OK(cn_queue_take(q, NULL, 0, &count, &mem));
+    EXPECT_FAIL(cn_queue_take(q, res, 4, NULL, &mem), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_queue_take(q, res, 4, &count, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_queue_take(q, NULL, 4, &count, &mem), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_queue_take(0, res, 4, &count, &mem), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_set_result_queue(0, q), CN_INVALID_HANDLE);
+
+    EXPECT_OK(connect_wait(&c));
+    EXPECT_FAIL(cn_set_result_queue(c, (cn_queue)1 << 60), CN_INVALID_HANDLE);
+    EXPECT_OK(cn_set_result_queue(c, q));
+    EXPECT_FAIL(cn_set_result_queue(c, q), CN_ILLEGAL_STATE); /* once */
+    EXPECT_OK(new_channel(c, ch, sizeof ch));
+    EXPECT_ST(cn_receive(c, ch, on_result, &r, &body, &len, &op), CN_PENDING);
+    REQUIRE(!wait_readable(fds[0], 20), "notify readable before anything was sent");
+    EXPECT_OK(cn_send(B, ch, x.data, x.len, NULL, NULL, NULL));
+    REQUIRE(wait_readable(fds[0], 5000), "no notify byte within 5 s of the send");
+    REQUIRE(drain_fd(fds[0]) >= 1, "notify readable but empty");
+    EXPECT_OK(cn_queue_take(q, res, 4, &count, &mem)); /* after reading the byte, as the host must */
+    REQUIRE(count == 1 && mem != NULL, "take after the notify byte: count %zu, memory %p", count, mem);
+    REQUIRE(res[0].closure == (void *)&r, "result closure %p, want %p", res[0].closure, (void *)&r);
+    REQUIRE(res[0].status == CN_OK && res[0].text == NULL, "result status %d, text %s",
+            (int)res[0].status, res[0].text ? res[0].text : "(NULL)");
+    REQUIRE(res[0].len == x.len && res[0].data != NULL && memcmp(res[0].data, x.data, x.len) == 0,
+            "result body differs (len %zu vs %zu)", res[0].len, x.len);
+    cn_free(mem);
+    mem = NULL;
+    EXPECT_FAIL(cn_cancel(c, op), CN_NOT_PENDING);
+    EXPECT_OK(cn_queue_take(q, res, 4, &count, &mem));
+    REQUIRE(count == 0 && mem == NULL, "a second take gave %zu results", count);
+
+    /* a receive still pending when the client closes: CN_CLOSED in the queue, taken after */
+    snprintf(plain, sizeof plain, "queued.q%ld", (long)getpid());
+    EXPECT_ST(cn_receive(c, plain, on_result, &r2, &body, &len, &op), CN_PENDING);
+    EXPECT_FAIL(cn_queue_free(q), CN_ILLEGAL_STATE); /* c is attached and open */
+    EXPECT_OK(cn_close(c, NULL, NULL));
+    c = 0;
+    REQUIRE(wait_readable(fds[0], 5000), "no notify byte for the result of the close");
+    drain_fd(fds[0]);
+    EXPECT_OK(cn_queue_take(q, res, 4, &count, &mem));
+    REQUIRE(count == 1 && mem != NULL, "take after the close: count %zu", count);
+    REQUIRE(res[0].closure == (void *)&r2 && res[0].status == CN_CLOSED && res[0].text != NULL &&
+                res[0].text[0] != '\0' && res[0].data == NULL && res[0].len == 0,
+            "result of the close: closure %p status %d text %s len %zu", res[0].closure,
+            (int)res[0].status, res[0].text ? res[0].text : "(NULL)", res[0].len);
+    cn_free(mem);
+    mem = NULL;
+    REQUIRE(result_calls(&r) == 0 && result_calls(&r2) == 0,
+            "a callback of a queued operation ran (%d, %d)", result_calls(&r), result_calls(&r2));
+
+    EXPECT_OK(cn_queue_free(q));
+    EXPECT_FAIL(cn_queue_take(q, res, 4, &count, &mem), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_queue_free(q), CN_INVALID_HANDLE);
+    q = 0;
+    REQUIRE(write(fds[1], "x", 1) == 1, "notify no longer writable after cn_queue_free: %s",
+            strerror(errno));
+
+    /* no notify; a result nobody takes is discarded with the queue */
+    EXPECT_OK(cn_queue_new(-1, &q2));
+    EXPECT_OK(connect_wait(&c2));
+    EXPECT_OK(cn_set_result_queue(c2, q2));
+    EXPECT_ST(cn_receive(c2, plain, on_result, &r3, &body, &len, &op), CN_PENDING);
+    EXPECT_OK(cn_close(c2, NULL, NULL));
+    c2 = 0;
+    EXPECT_OK(cn_queue_free(q2));
+    q2 = 0;
+    REQUIRE(result_calls(&r3) == 0, "the callback of a queued receive ran");
+    ok = 1;
+out:
+    cn_free(mem);
+    cn_free(body);
+    if (c != 0) {
+        cn_close(c, NULL, NULL);
+    }
+    if (c2 != 0) {
+        cn_close(c2, NULL, NULL);
+    }
+    if (q != 0) {
+        cn_queue_free(q);
+    }
+    if (q2 != 0) {
+        cn_queue_free(q2);
+    }
+    if (fds[0] >= 0) {
+        close(fds[0]);
+    }
+    if (fds[1] >= 0) {
+        close(fds[1]);
+    }
+    result_destroy(&r);
+    result_destroy(&r2);
+    result_destroy(&r3);
+    return ok;
+}
+
 static int check_close_clients(char *why) {
     EXPECT_OK(cn_close(A, NULL, NULL));
     EXPECT_OK(cn_close(B, NULL, NULL));
@@ -1464,6 +1629,7 @@ int main(int argc, char **argv) {
     run("receive_process_prefix", check_receive_process_prefix);
     run("close_abandons_connect", check_close_abandons_connect);
     run("threads", check_threads);
+    run("result_queue", check_result_queue);
     run("waiting_receive_closed", check_waiting_receive_closed);
     run("pending_close", check_pending_close);
     run("close_clients", check_close_clients);
