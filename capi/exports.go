@@ -65,6 +65,9 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 			return layer.ErrClosed
 		case err != nil:
 			clients.Delete(c.id)
+			if c.results != nil {
+				c.results.detach() // a client that never connected frees its queue too
+			}
 			return connectError{err}
 		}
 		c.layer = l

@@ -2,14 +2,17 @@
 
 package main
 
-import "syscall"
+import (
+	"math"
+	"syscall"
+)
 
 // notifier wakes a host's event loop: one byte written to a descriptor it watches (the write
 // end of a pipe or a socket pair, non-blocking).
 type notifier struct{ fd int }
 
 func newNotifier(fd uintptr) (*notifier, error) {
-	if int(fd) < 0 {
+	if int(fd) < 0 || fd > math.MaxInt32 { // the kernel would cut a larger value to another descriptor
 		return nil, argError("notify must be -1 or an open file descriptor")
 	}
 	var st syscall.Stat_t

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"regexp"
 	"runtime"
 	"sort"
@@ -482,21 +481,9 @@ func TestQueueNew(t *testing.T) {
 	}
 }
 
-// knownBug skips a test that shows a library bug not fixed yet, unless CN_KNOWN_BUGS is set:
-// `CN_KNOWN_BUGS=1 go test -race -run <name> ./capi/abitest` shows the failure. Remove the call
-// with the fix.
-func knownBug(t *testing.T, bug string) {
-	t.Helper()
-	if os.Getenv("CN_KNOWN_BUGS") == "" {
-		t.Skipf("known library bug (set CN_KNOWN_BUGS=1 to run): %s", bug)
-	}
-}
-
 // A descriptor is an int: a notify value whose low 32 bits name an open descriptor but that is
 // not itself one must be refused, or the library writes its bytes to that other descriptor.
 func TestQueueNewNotifyOutOfRange(t *testing.T) {
-	knownBug(t, "newNotifier (capi/notify_unix.go) checks the descriptor with fstat, whose fd "+
-		"argument the kernel truncates to 32 bits: 1<<32+fd is accepted and signals fd")
 	pr, pw := notifyPipe(t)
 	ts := startServer(t)
 	for _, notify := range []int{1<<32 + pw, -1<<32 + pw} {
@@ -595,9 +582,6 @@ func TestQueueFree(t *testing.T) {
 // A client whose connect failed is closed ("it is released and later calls return CN_CLOSED"):
 // it must not keep its queue from being freed.
 func TestQueueFreeAfterFailedConnect(t *testing.T) {
-	knownBug(t, "cngo_connect (capi/exports.go) releases a client whose connect failed without "+
-		"detaching its result sink: the queue's attached count never drops, cn_queue_free says "+
-		"CN_ILLEGAL_STATE forever (a batcher's goroutine is never stopped either)")
 	q := newQueue(t, -1)
 	doc := config(t, []string{silentServer(t)}, map[string]any{"connect_options": map[string]any{"connect_timeout": 0.3}})
 	h, cw := connectPending(t, doc)

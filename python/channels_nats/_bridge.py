@@ -163,18 +163,32 @@ def next_token() -> int:
     return next(_tokens)
 
 
+class _Types:
+    void_p: Any = None
+
+
+_types = _Types()
+
+
 def closure(token: int) -> Any:
     """The closure argument that carries token."""
     ffi, _ = _native.load()
-    return ffi.cast("void *", token)
+    if _types.void_p is None:  # ffi.typeof once: casting by name parses the type every time
+        _types.void_p = ffi.typeof("void *")
+    return ffi.cast(_types.void_p, token)
 
 
-def _deliver(token: int, status: int, detail: str, body: bytes | None) -> None:
-    with _pending_lock:
-        pending = _pending.pop(token, None)
-        if pending is None:
-            _early[token] = (status, detail, body)
-    if pending is not None:
+def _deliver_all(results: list[tuple[int, int, str, bytes | None]]) -> None:
+    """Finishes the operations of (token, status, detail, body) results, in order."""
+    finishing: list[tuple[Pending, int, str, bytes | None]] = []
+    with _pending_lock:  # once per batch
+        for token, status, detail, body in results:
+            pending = _pending.pop(token, None)
+            if pending is None:
+                _early[token] = (status, detail, body)
+            else:
+                finishing.append((pending, status, detail, body))
+    for pending, status, detail, body in finishing:
         pending.finish(status, detail, body)
 
 
@@ -237,7 +251,7 @@ class ResultQueue:
         except (BlockingIOError, InterruptedError):
             pass
         ffi, lib = _native.load()
-        null = ffi.NULL
+        null, uintptr = ffi.NULL, ffi.typeof("uintptr_t")
         scratch = self._scratch
         results, count, memory = scratch.results, scratch.count, scratch.memory
         while True:
@@ -245,14 +259,16 @@ class ResultQueue:
             n = count[0]
             if n == 0:
                 return
+            batch: list[tuple[int, int, str, bytes | None]] = []
             try:
                 for i in range(n):
                     r = results[i]
                     body = ffi.buffer(r.data, r.len)[:] if r.data != null else None
                     detail = _native.text(r.text) if r.text != null else ""
-                    _deliver(int(ffi.cast("uintptr_t", r.closure)), r.status, detail, body)
+                    batch.append((int(ffi.cast(uintptr, r.closure)), r.status, detail, body))
             finally:
                 lib.cn_free(memory[0])
+            _deliver_all(batch)
             if n < TAKE_BATCH:
                 return
 
@@ -280,7 +296,7 @@ def _on_complete(token: Any, status: int, text: Any, data: Any, length: int) -> 
     ffi, _ = _native.load()
     body = ffi.buffer(data, length)[:] if data != ffi.NULL else None
     detail = _native.text(text) if text != ffi.NULL else ""
-    _deliver(int(ffi.cast("uintptr_t", token)), status, detail, body)
+    _deliver_all([(int(ffi.cast("uintptr_t", token)), status, detail, body)])
 
 
 def _on_log(_closure: Any, level: int, message: Any) -> None:
