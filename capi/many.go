@@ -20,7 +20,7 @@ import (
 const recordHeader = 8
 
 //export cngo_receive_many
-func cngo_receive_many(h C.cn_client, channel *C.char, max C.size_t, blockOut **C.uint8_t,
+func cngo_receive_many(h C.cn_client, channel *C.char, limit C.size_t, blockOut **C.uint8_t,
 	lenOut *C.size_t, countOut *C.size_t) (st C.cn_status) {
 	defer recoverStatus(&st)
 	if blockOut == nil || lenOut == nil || countOut == nil {
@@ -35,7 +35,7 @@ func cngo_receive_many(h C.cn_client, channel *C.char, max C.size_t, blockOut **
 	if err != nil {
 		return fail(err)
 	}
-	taken, err := l.TakeReceive(name, int(min(max, math.MaxInt32)))
+	taken, err := l.TakeReceive(name, int(min(limit, math.MaxInt32)))
 	if err != nil || len(taken) == 0 {
 		return result(err)
 	}

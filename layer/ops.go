@@ -195,12 +195,12 @@ func (l *Layer) StartReceive(ctx context.Context, channel string, deliver func(M
 	}
 }
 
-// TakeReceive returns up to max of the oldest live messages of channel, oldest first, when they
+// TakeReceive returns up to limit of the oldest live messages of channel, oldest first, when they
 // are waiting and the channel's subscription is confirmed; none otherwise, and nothing changed:
 // StartReceive then subscribes or waits. It never blocks, so a host can try it before paying for
 // a pending receive, or take several messages at once into a buffer of its own (TimeLeft says
 // how long each may stay there; PutBack returns what it will not deliver).
-func (l *Layer) TakeReceive(channel string, max int) ([]Message, error) {
+func (l *Layer) TakeReceive(channel string, limit int) ([]Message, error) {
 	if err := ValidateChannelName(channel); err != nil {
 		return nil, err
 	}
@@ -219,7 +219,7 @@ func (l *Layer) TakeReceive(channel string, max int) ([]Message, error) {
 	}
 	now := time.Now()
 	var taken []Message
-	for len(taken) < max {
+	for len(taken) < limit {
 		msg, ok := l.popLocked(mb, now)
 		if !ok {
 			break
