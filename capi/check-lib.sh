@@ -99,4 +99,5 @@ darwin)
 	detail="Mach-O $want, minimum macOS $(field "$build" minos), loads $(paste -sd' ' - <<<"$loads" | sed 's|[^ ]*/||g')"
 	;;
 esac
-echo "check-lib: $lib: $detail; exports the $(capi/exports.sh | wc -l) cn_* functions of the header; $(du -h "$path" | cut -f1)"
+size=$(stat -c %s "$path" | awk '{ printf "%.2f MiB", $1 / 1048576 }')
+echo "check-lib: $lib: $detail; exports the $(capi/exports.sh | wc -l) cn_* functions of the header; $size"
