@@ -60,8 +60,12 @@ windows/amd64)
 		echo "EXPORTS"
 		capi/exports.sh
 	} >"$out/exports.def"
+	def=$PWD/$out/exports.def
+	if [ "${host%/*}" = windows ]; then
+		def=$(cd "$out" && pwd -W)/exports.def # Git Bash: the linker wants C:/..., not /c/...
+	fi
 	# -static-libgcc: the thread-local variables of wrappers.c would otherwise import libgcc's DLL.
-	extldflags="-Wl,--export-all-symbols -Wl,--exclude-all-symbols $PWD/$out/exports.def -static-libgcc"
+	extldflags="-Wl,--export-all-symbols -Wl,--exclude-all-symbols $def -static-libgcc"
 	if [ "${host%/*}" != windows ]; then
 		# The -win32 variant links no MinGW thread or runtime DLL: the DLL needs only KERNEL32
 		# and msvcrt.
