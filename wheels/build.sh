@@ -14,6 +14,7 @@ me=wheels
 source wheels/lib.sh
 SECONDS=0
 
+require_linux_x86_64
 bash wheels/tools.sh build
 ZIG=$("$TOOLS_PYTHON" -c 'import pathlib, ziglang; print(pathlib.Path(ziglang.__file__).parent / "zig")')
 export ZIG

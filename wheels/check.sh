@@ -44,15 +44,7 @@ run_chat() {
 	grep -qxF "received: hello from C" <<<"$output" || fail "the C example under $name did not print 'received: hello from C'"
 }
 
-# wheel_library GOOS: the library's file name in the wheels of GOOS.
-wheel_library() {
-	case $1 in
-	linux) echo libchannels_nats.so ;;
-	windows) echo channels_nats.dll ;;
-	darwin) echo libchannels_nats.dylib ;;
-	esac
-}
-
+require_linux_x86_64
 bash wheels/tools.sh check
 [ -x "$TOOLS_PYTHON" ] || fail "no build/wheels/tools: run make wheels"
 rm -rf "$work"
@@ -65,7 +57,8 @@ for target in "${WHEEL_TARGETS[@]}"; do
 	audit=()
 	if [ "$goos" = linux ]; then audit=(--auditwheel); fi
 	"$TOOLS_PYTHON" wheels/check_wheel.py "$(wheel_file "$tag")" --tag "$tag" --extract "$dir" "${audit[@]}"
-	lib=$dir/$(wheel_library "$goos")
+	# check_wheel.py wrote the library, under the name the tag wants, and the header.
+	lib=$(find "$dir" -maxdepth 1 -name '*channels_nats.*' ! -name '*.h')
 	capi/check-lib.sh "$lib" "$goos" "$goarch"
 	if [ "$goos" = darwin ]; then
 		headers=$(llvm-objdump --macho --private-headers "$lib")
@@ -77,7 +70,7 @@ for target in "${WHEEL_TARGETS[@]}"; do
 done
 
 say "[2/5] x86_64: install the wheel with no Go on PATH; two processes group_send"
-bash wheels/install-run.sh --no-go "$(wheel_file manylinux_2_17_x86_64.manylinux2014_x86_64)" "$work/x86_64"
+bash wheels/install-run.sh --no-go "$(wheel_file "$(linux_tag amd64)")" "$work/x86_64"
 
 start_nats_server "$work/nats-server.log"
 say "nats-server for the C example on $nats_url"
@@ -108,9 +101,8 @@ run_chat Wine "$wine" "$dir/chat.exe"
 say "[5/5] the sdist: it builds with Go, and fails clearly without it"
 sdist=("$WHEEL_DIST"/channels_nats-*.tar.gz)
 [ -f "${sdist[0]}" ] || fail "no sdist in $WHEEL_DIST: run make wheels"
-host_tag=$(linux_tag "$(go env GOARCH)")
 "$TOOLS_PYTHON" -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$work/sdist" "${sdist[0]}"
-"$TOOLS_PYTHON" wheels/check_wheel.py "$work/sdist/channels_nats-"*"-py3-none-$host_tag.whl" --tag "$host_tag"
+"$TOOLS_PYTHON" wheels/check_wheel.py "$work/sdist/channels_nats-"*"-py3-none-$(linux_tag amd64).whl" --tag "$(linux_tag amd64)"
 log=$work/sdist-without-go.log
 if (PATH=$(path_without_go) && "$TOOLS_PYTHON" -m pip wheel --disable-pip-version-check --no-deps \
 	-w "$work/sdist-without-go" "${sdist[0]}") >"$log" 2>&1; then

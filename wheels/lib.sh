@@ -23,6 +23,11 @@ fail() {
 	exit 1
 }
 
+# require_linux_x86_64: the cross compilers, qemu and Wine of these scripts are Debian's for x86-64.
+require_linux_x86_64() {
+	[ "$(uname -s)/$(uname -m)" = Linux/x86_64 ] || fail "runs on Linux x86-64, not $(uname -s)/$(uname -m)"
+}
+
 # wheel_file TAG: the one wheel in build/wheels/dist with that platform tag.
 wheel_file() {
 	local found=("$WHEEL_DIST"/channels_nats-*-py3-none-"$1".whl)
