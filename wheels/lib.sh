@@ -13,9 +13,10 @@ WHEEL_TARGETS=(
 	"darwin amd64 macosx_12_0_x86_64"
 )
 WHEEL_DIST=$root/build/wheels/dist
+TOOLS_PYTHON=$root/build/wheels/tools/bin/python
+
 # linux_tag GOARCH: the platform tag of the Linux wheel for GOARCH.
 linux_tag() { printf '%s\n' "${WHEEL_TARGETS[@]}" | awk -v arch="$1" '$1 == "linux" && $2 == arch { print $3 }'; }
-TOOLS_PYTHON=$root/build/wheels/tools/bin/python
 
 say() { echo "$me: $*"; }
 fail() {
