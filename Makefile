@@ -12,7 +12,7 @@ ARGS        ?=
 FUZZTIME    ?= 8s
 
 .DEFAULT_GOAL := help
-.PHONY: help server lib venv lint lint-go lint-py test-go test-py test-c examples install-check demo demo-check demo-browser bench soak fuzz-smoke fuzz test clean
+.PHONY: help server lib venv lint lint-go lint-py test-go test-py test-c examples install-check wheels wheels-check demo demo-check demo-browser bench soak fuzz-smoke fuzz test clean
 
 help: ## List the targets
 	@echo "Targets:"
@@ -50,9 +50,9 @@ lint: lint-go lint-py ## Every linter: gofmt, go vet, ruff, pyright
 lint-py: venv $(PYRIGHT) ## ruff (lint and format check) and pyright on python/
 	cd python && ../$(VENV)/bin/ruff check . && ../$(VENV)/bin/ruff format --check .
 	$(PYRIGHT) --pythonpath $(PYTHON) -p python
-	$(VENV)/bin/ruff check --config python/pyproject.toml examples/chat examples/demo bench
-	$(VENV)/bin/ruff format --check --config python/pyproject.toml examples/chat examples/demo bench
-	$(PYRIGHT) --pythonpath $(PYTHON) examples/chat examples/demo
+	$(VENV)/bin/ruff check --config python/pyproject.toml examples/chat examples/demo bench wheels
+	$(VENV)/bin/ruff format --check --config python/pyproject.toml examples/chat examples/demo bench wheels
+	$(PYRIGHT) --pythonpath $(PYTHON) examples/chat examples/demo wheels
 
 # The Go files to check with gofmt: everything except build output, VCS data and testdata.
 GO_FILES = $(shell find . \( -name .git -o -name $(BUILD) -o -name testdata -o -name .venv \) -prune \
@@ -100,6 +100,12 @@ test-py: lib server venv ## The Python package's tests (pytest) against nats-ser
 install-check: venv server ## pip install ./python into a fresh venv (builds the library with Go), then two processes group_send
 	bash python/install-check.sh
 
+wheels: ## The five platform wheels and the sdist in build/wheels/dist (installs the cross tools; wheels/README.md)
+	bash wheels/build.sh
+
+wheels-check: wheels server ## Prove the wheels: tags, exports, install with no Go, the C example under qemu and Wine, the sdist
+	bash wheels/check.sh
+
 demo: lib server venv ## Start nats-server, two Django chat processes and the Go front; prove a message crosses; serve until Ctrl-C
 	@CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/demo.py $(DEMO_ARGS)
 
@@ -146,6 +152,3 @@ test: ## The one test command: linters, Go race tests, C harness, examples, Pyth
 
 clean: ## Remove build/
 	rm -rf $(BUILD)
-
-# Planned targets, added by later issues (not defined yet, on purpose):
-#   wheels  build and check the platform wheels of the Python package

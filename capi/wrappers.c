@@ -11,7 +11,7 @@
 #define CN_VERSION_TEXT "0.1.0"
 
 #if defined(_WIN32)
-#define CN_THREAD_LOCAL __declspec(thread)
+#define CN_THREAD_LOCAL __thread /* mingw-w64 gcc ignores __declspec(thread) (only a warning) */
 static int cn_forked(void) { return 0; } /* Windows has no fork */
 #else
 #include <unistd.h>

@@ -63,6 +63,10 @@
 #define CN_EXTERN __declspec(dllexport)
 #elif defined(_WIN32)
 #define CN_EXTERN __declspec(dllimport)
+#elif defined(CN_BUILDING_LIBRARY)
+/* The macOS build hides every other C symbol (-fvisibility=hidden), because zig's linker, which
+   cross-links it, ignores export lists. */
+#define CN_EXTERN __attribute__((visibility("default")))
 #else
 #define CN_EXTERN
 #endif

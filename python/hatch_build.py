@@ -1,7 +1,8 @@
 """Puts the native library and its header into the wheel.
 
-- CHANNELS_NATS_PREBUILT=<dir>: take libchannels_nats.* and channels_nats.h from <dir> (platform
-  wheels built elsewhere; CHANNELS_NATS_PLATFORM_TAG then names their platform).
+- CHANNELS_NATS_PREBUILT=<dir>: take the library and channels_nats.h from <dir> (platform wheels
+  built elsewhere, as wheels/build.sh does; CHANNELS_NATS_PLATFORM_TAG then names their platform,
+  which also decides the library's file name).
 - Otherwise build them with Go from the repository this package sits in, or from the Go sources an
   sdist carries (go/), with capi/build.sh.
 An editable install (pip install -e) builds it with Go into the source package directory.
@@ -24,12 +25,24 @@ LIBRARY_NAMES = {"linux": "libchannels_nats.so", "darwin": "libchannels_nats.dyl
 
 
 def platform_tag() -> str:
-    """The wheel platform tag of this machine. Linux builds pin glibc 2.17 (capi/build.sh)."""
+    """The wheel platform tag of this machine. Linux builds pin glibc 2.17 (capi/build.sh); macOS
+    builds need macOS 12, Go's oldest, and hold one architecture (never universal2)."""
     machine = platform.machine().lower()
     if sys.platform.startswith("linux"):
         arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
         return f"manylinux_2_17_{arch}.manylinux2014_{arch}"
+    if sys.platform == "darwin":
+        return f"macosx_12_0_{machine}"
     return sysconfig.get_platform().replace("-", "_").replace(".", "_")
+
+
+def library_name(tag: str) -> str:
+    """The library's file name in a wheel for the platform tag (a wheel may be built on another OS)."""
+    if tag.startswith("win"):
+        return LIBRARY_NAMES["win32"]
+    if tag.startswith("macosx"):
+        return LIBRARY_NAMES["darwin"]
+    return LIBRARY_NAMES["linux"]
 
 
 def go_target() -> tuple[str, str]:
@@ -43,10 +56,9 @@ class CustomBuildHook(BuildHookInterface):  # pyright: ignore[reportMissingTypeA
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         if self.target_name != "wheel":
             return
-        library_name = LIBRARY_NAMES["linux" if sys.platform.startswith("linux") else sys.platform]
         if version == "editable":  # the package is imported from the source tree: put them there
             built = self._build_with_go()
-            for name in (library_name, "channels_nats.h"):
+            for name in (library_name(platform_tag()), "channels_nats.h"):
                 shutil.copy2(built / name, Path(self.root) / "channels_nats" / name)
             return
         prebuilt = os.environ.get("CHANNELS_NATS_PREBUILT")
@@ -56,12 +68,13 @@ class CustomBuildHook(BuildHookInterface):  # pyright: ignore[reportMissingTypeA
         else:
             source = self._build_with_go()
             tag = platform_tag()
-        library = source / library_name
+        name = library_name(tag)
+        library = source / name
         header = source / "channels_nats.h"
         for path in (library, header):
             if not path.is_file():
                 raise RuntimeError(f"channels-nats: {path} is missing")
-        build_data["force_include"][str(library)] = f"channels_nats/{library_name}"
+        build_data["force_include"][str(library)] = f"channels_nats/{name}"
         build_data["force_include"][str(header)] = "channels_nats/channels_nats.h"
         build_data["pure_python"] = False
         build_data["tag"] = f"py3-none-{tag}"
