@@ -78,7 +78,8 @@ def _after_fork_in_child() -> None:
         _state.forked = True
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # Windows has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def forked() -> bool:
