@@ -7,10 +7,11 @@
 #    macOS the minimum OS and the CPU of the dylib must be the tag's.
 # 2. x86_64: the wheel installs into a fresh venv on a PATH without Go, and two processes of it
 #    group_send through nats-server (wheels/install-run.sh --no-go).
-# 3. aarch64: the C example, built with the aarch64 cross gcc against the wheel's library, runs
-#    under qemu-aarch64 against nats-server.
-# 4. Windows: the C example, built with mingw-w64 against the wheel's DLL, runs under Wine against
-#    nats-server, with a bcryptprimitives.dll stub built here (wheels/bcryptprimitives.c).
+# 3. aarch64: the C example and wheels/queue_check.c (the result queue signalled on a socket, as
+#    the Python package uses it), built with the aarch64 cross gcc against the wheel's library,
+#    run under qemu-aarch64 against nats-server.
+# 4. Windows: the same two programs, built with mingw-w64 against the wheel's DLL, run under Wine
+#    against nats-server, with a bcryptprimitives.dll stub built here (wheels/bcryptprimitives.c).
 # 5. The sdist: with Go, pip builds a wheel of this machine from it that check_wheel.py accepts;
 #    without Go, the build fails with the build hook's message naming Go.
 # Installs qemu-user and wine64 when they are missing (wheels/tools.sh check).
@@ -32,16 +33,25 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# run_chat NAME COMMAND...: runs the C example (COMMAND NATS-URL) and wants "received: hello from C".
-run_chat() {
-	local name=$1 output
-	shift
+# run_c NAME WANT COMMAND...: runs a C program (COMMAND NATS-URL) and wants the line WANT.
+run_c() {
+	local name=$1 want=$2 output
+	shift 2
 	if ! output=$(timeout 120 "$@" "$nats_url" 2>&1 | tr -d '\r'); then
 		printf '%s\n' "$output" >&2
-		fail "the C example under $name did not succeed"
+		fail "$(basename "$1") under $name did not succeed"
 	fi
 	printf '%s\n' "$output" | sed 's/^/    /'
-	grep -qxF "received: hello from C" <<<"$output" || fail "the C example under $name did not print 'received: hello from C'"
+	grep -qxF "$want" <<<"$output" || fail "$(basename "$1") under $name did not print '$want'"
+}
+
+# The two C programs: the example (a pending receive through a callback) and the result queue as
+# an event loop drives it (wheels/queue_check.c: the socket signal, take, receive_many).
+run_programs() { # NAME DIR COMMAND-PREFIX...
+	local name=$1 dir=$2
+	shift 2
+	run_c "$name" "received: hello from C" "$@" "$dir/chat$exe"
+	run_c "$name" "queue: ok" "$@" "$dir/queue_check$exe"
 }
 
 require_linux_x86_64
@@ -75,17 +85,23 @@ bash wheels/install-run.sh --no-go "$(wheel_file "$(linux_tag amd64)")" "$work/x
 start_nats_server "$work/nats-server.log"
 say "nats-server for the C example on $nats_url"
 
-say "[3/5] aarch64: the C example with the wheel's library under qemu-aarch64"
+say "[3/5] aarch64: the C programs with the wheel's library under qemu-aarch64"
 dir=$work/linux-arm64
-aarch64-linux-gnu-gcc -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -O2 -pthread \
-	-I"$dir" examples/c/chat.c -o "$dir/chat" -L"$dir" -lchannels_nats -Wl,-rpath,"$root/$dir"
-run_chat qemu-aarch64 qemu-aarch64 -L /usr/aarch64-linux-gnu "$dir/chat"
+exe=
+for program in examples/c/chat.c wheels/queue_check.c; do
+	aarch64-linux-gnu-gcc -std=c99 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -Wall -Wextra -Werror -O2 -pthread \
+		-I"$dir" "$program" -o "$dir/$(basename "$program" .c)" -L"$dir" -lchannels_nats -Wl,-rpath,"$root/$dir"
+done
+run_programs qemu-aarch64 "$dir" qemu-aarch64 -L /usr/aarch64-linux-gnu
 
-say "[4/5] Windows: the C example with the wheel's DLL under Wine"
+say "[4/5] Windows: the C programs with the wheel's DLL under Wine"
 dir=$work/windows-amd64
-# -static: the example itself needs no MinGW DLL either (winpthreads is linked in).
+exe=.exe
+# -static: the programs themselves need no MinGW DLL either (winpthreads is linked in).
 x86_64-w64-mingw32-gcc -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -O2 \
 	-I"$dir" examples/c/chat.c -o "$dir/chat.exe" "$dir/channels_nats.dll" -static -lpthread
+x86_64-w64-mingw32-gcc -std=c99 -Wall -Wextra -Werror -O2 \
+	-I"$dir" wheels/queue_check.c -o "$dir/queue_check.exe" "$dir/channels_nats.dll" -static -lws2_32
 wine=$(command -v wine64 || command -v wine || echo /usr/lib/wine/wine64)
 wineserver=$(command -v wineserver || echo /usr/lib/wine/wineserver)
 export WINEPREFIX=$wineprefix WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml="
@@ -96,7 +112,7 @@ fi
 x86_64-w64-mingw32-gcc -std=c99 -Wall -Wextra -Werror -O2 -shared -o "$wineprefix/drive_c/windows/system32/bcryptprimitives.dll" \
 	wheels/bcryptprimitives.c -ladvapi32
 say "Wine $("$wine" --version 2>/dev/null || echo '(version unknown)'), the stub bcryptprimitives.dll in its system32"
-run_chat Wine "$wine" "$dir/chat.exe"
+run_programs Wine "$dir" "$wine"
 
 say "[5/5] the sdist: it builds with Go, and fails clearly without it"
 sdist=("$WHEEL_DIST"/channels_nats-*.tar.gz)
