@@ -70,6 +70,8 @@ var (
 	cnGroupSend    func(h uint64, group *byte, body *byte, n uintptr, cb, closure uintptr, op *uint64) int32
 	cnReceive      func(h uint64, channel *byte, cb, closure uintptr, body *uintptr, n *uintptr, op *uint64) int32
 	cnPutBack      func(h uint64, channel *byte, body *byte, n uintptr) int32
+	cnReceiveMany  func(h uint64, channel *byte, limit uintptr, block *uintptr, n *uintptr, count *uintptr) int32
+	cnPutBackMany  func(h uint64, channel *byte, block *byte, n uintptr) int32
 	cnNewChannel   func(h uint64, prefix *byte, cb, closure uintptr, channel *uintptr, op *uint64) int32
 	cnGroupAdd     func(h uint64, group, channel *byte, cb, closure uintptr, op *uint64) int32
 	cnGroupDiscard func(h uint64, group, channel *byte) int32
@@ -157,6 +159,8 @@ func load() error {
 	bind(&cnGroupSend, "cn_group_send")
 	bind(&cnReceive, "cn_receive")
 	bind(&cnPutBack, "cn_put_back")
+	bind(&cnReceiveMany, "cn_receive_many")
+	bind(&cnPutBackMany, "cn_put_back_many")
 	bind(&cnNewChannel, "cn_new_channel")
 	bind(&cnGroupAdd, "cn_group_add")
 	bind(&cnGroupDiscard, "cn_group_discard")
