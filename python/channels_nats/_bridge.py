@@ -124,8 +124,8 @@ class Completion(Pending):
         self.loop = loop
         self.future: asyncio.Future[tuple[str, bytes | None]] = loop.create_future()
         self.abandon = abandon
+        self.register(token)  # first: whatever happens next, its result has an owner
         results().watch(loop)
-        self.register(token)
 
     def finish(self, status: int, detail: str, body: bytes | None) -> None:
         """Runs on whichever thread took the result."""
