@@ -11,12 +11,13 @@
  * Checks (in order): version/status texts; waiting and pending connect; connect failure (no
  * credentials in the error); new_channel names; send + immediate receive; pending receive; a plain
  * channel shared by two clients; group fan-out (one client, two clients); group_discard; cancel
- * before delivery; put_back; stats; flush; every error status with cn_last_error(); waiting calls
- * refused inside callbacks; cancel of an op never issued; the "specific.<id>!" prefix receive;
- * close abandoning a connect; concurrent threads; result queues (a pipe notify watched with poll(),
- * take, free refused while attached, untaken results discarded); a waiting receive ended by close;
- * pending close ordering (receive callbacks before the close callback, nothing after); closing the
- * clients.
+ * before delivery; put_back; receive_many and put_back_many (records parsed, put back, received
+ * again; malformed blocks; a waiting receive; 0 ms left); stats; flush; every error status with
+ * cn_last_error(); waiting calls refused inside callbacks; cancel of an op never issued; the
+ * "specific.<id>!" prefix receive; close abandoning a connect; concurrent threads; result queues
+ * (a pipe notify watched with poll(), take, free refused while attached, untaken results
+ * discarded); a waiting receive ended by close; pending close ordering (receive callbacks before
+ * the close callback, nothing after); closing the clients.
  *
  * Output: one line per check, "ok   <name>" or "FAIL <name>: <detail>", then "N passed, M failed".
  * Every pointer the library returns is released with cn_free(), so that valgrind reports no
@@ -760,6 +761,280 @@ static int check_put_back(char *why) {
     EXPECT_FAIL(cn_put_back(A, ch, NULL, 3), CN_INVALID_ARG);
     ok = 1;
 out:
+    msg_free(&m);
+    result_destroy(&r);
+    return ok;
+}
+
+/* ---- receive buffers: cn_receive_many, cn_put_back_many ---------------------------------- */
+
+/* The block format of cn_receive_many: records of uint32 body length, uint32 milliseconds left
+   (both little-endian), then the body. */
+#define RECORD_HEADER 8
+
+static uint32_t get_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put_le32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+/* One record of a block: pointers into the block. */
+typedef struct {
+    const uint8_t *body;
+    uint32_t len;
+    uint32_t left_ms;
+} record_t;
+
+/* Splits a block of len bytes into exactly count records (at most cap). Returns 1 when the block
+   holds count whole records and nothing else, 0 otherwise (with the reason in why). */
+static int parse_block(const uint8_t *block, size_t len, size_t count, record_t *recs, size_t cap,
+                       char *why) {
+    size_t at = 0, n = 0;
+    while (at < len) {
+        uint32_t size;
+        if (len - at < RECORD_HEADER) {
+            snprintf(why, WHYLEN, "block of %zu bytes ends inside the header of record %zu", len,
+                     n);
+            return 0;
+        }
+        size = get_le32(block + at);
+        if (len - at - RECORD_HEADER < size) {
+            snprintf(why, WHYLEN, "block of %zu bytes ends inside the body of record %zu (%u B)",
+                     len, n, (unsigned)size);
+            return 0;
+        }
+        if (n == cap) {
+            snprintf(why, WHYLEN, "block holds more than %zu records", cap);
+            return 0;
+        }
+        recs[n].len = size;
+        recs[n].left_ms = get_le32(block + at + 4);
+        recs[n].body = block + at + RECORD_HEADER;
+        n++;
+        at += RECORD_HEADER + size;
+    }
+    if (n != count) {
+        snprintf(why, WHYLEN, "block holds %zu records, *count says %zu", n, count);
+        return 0;
+    }
+    return 1;
+}
+
+static int record_is(const record_t *r, const body_t *b) {
+    return r->len == b->len && memcmp(r->body, b->data, b->len) == 0;
+}
+
+/* A number of cn_stats(c), e.g. "\"expired\":" (key with its quotes and colon); -1 if missing. */
+static long stats_number(cn_client c, const char *key) {
+    char *json = NULL;
+    const char *p;
+    long v = -1;
+    if (cn_stats(c, &json) != CN_OK || json == NULL) {
+        return -1;
+    }
+    if ((p = strstr(json, key)) != NULL) {
+        v = strtol(p + strlen(key), NULL, 10);
+    }
+    cn_free(json);
+    return v;
+}
+
+/* B sends the bodies to ch, then a marker to mark that A receives: A's process channels share one
+   subscription and one dispatcher, so once the marker arrived, every body is in ch's mailbox. */
+static cn_status send_and_settle(const char *ch, const char *mark, const body_t *bodies, int n) {
+    body_t marker = body_of("many-marker");
+    msg_t m = {NULL, 0};
+    cn_status st;
+    int i;
+    for (i = 0; i < n; i++) {
+        if ((st = cn_send(B, ch, bodies[i].data, bodies[i].len, NULL, NULL, NULL)) != CN_OK) {
+            return st;
+        }
+    }
+    if ((st = cn_send(B, mark, marker.data, marker.len, NULL, NULL, NULL)) != CN_OK) {
+        return st;
+    }
+    st = recv_msg(A, mark, 5000, &m, NULL);
+    if (st == CN_OK && !msg_is(&m, &marker)) {
+        st = CN_INTERNAL;
+    }
+    msg_free(&m);
+    return st;
+}
+
+/* Takes several, parses the records, puts them back, receives them again in order. */
+static int check_receive_many(char *why) {
+    char ch[128], mark[128], theirs[128];
+    body_t bodies[4];
+    record_t recs[8];
+    msg_t m = {NULL, 0};
+    uint8_t *block = NULL, *none;
+    size_t len = 0, count = 0, want_len = 0, zero = 0;
+    int ok = 0, i, immediate = 0;
+    char text[32];
+    for (i = 0; i < 4; i++) {
+        snprintf(text, sizeof text, "many-%d", i);
+        bodies[i] = body_of(text);
+    }
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    EXPECT_OK(new_channel(A, mark, sizeof mark));
+    EXPECT_OK(new_channel(B, theirs, sizeof theirs));
+
+    /* nothing waiting: CN_OK, count 0, block NULL (the garbage in the out-parameters replaced) */
+    none = (uint8_t *)&zero;
+    len = count = 12345;
+    EXPECT_OK(cn_receive_many(A, ch, 8, &none, &len, &count));
+    REQUIRE(none == NULL && len == 0 && count == 0,
+            "empty mailbox: block %p len %zu count %zu, want NULL 0 0", (void *)none, len, count);
+
+    EXPECT_OK(send_and_settle(ch, mark, bodies, 4));
+    /* max 0 takes none */
+    none = (uint8_t *)&zero;
+    EXPECT_OK(cn_receive_many(A, ch, 0, &none, &len, &count));
+    REQUIRE(none == NULL && count == 0, "max 0: block %p count %zu", (void *)none, count);
+
+    /* 4 waiting, max 3: the 3 oldest, in order, each 8 + body bytes, time left within the expiry
+       (the default, 60 s) */
+    EXPECT_OK(cn_receive_many(A, ch, 3, &block, &len, &count));
+    REQUIRE(count == 3 && block != NULL, "took count %zu block %p, want 3 records", count,
+            (void *)block);
+    for (i = 0; i < 3; i++) {
+        want_len += RECORD_HEADER + bodies[i].len;
+    }
+    REQUIRE(len == want_len, "block is %zu bytes, want %zu", len, want_len);
+    if (!parse_block(block, len, count, recs, 8, why)) {
+        goto out;
+    }
+    for (i = 0; i < 3; i++) {
+        REQUIRE(record_is(&recs[i], &bodies[i]), "record %d is not many-%d (len %u)", i, i,
+                (unsigned)recs[i].len);
+        REQUIRE(recs[i].left_ms <= 60000 && recs[i].left_ms > 30000,
+                "record %d: %u ms left, want at most the expiry of 60000", i,
+                (unsigned)recs[i].left_ms);
+    }
+
+    /* back to the front of the mailbox, unchanged; the library copies the block */
+    EXPECT_OK(cn_put_back_many(A, ch, block, len));
+    memset(block, 0xc1, len);
+    cn_free(block);
+    block = NULL;
+    for (i = 0; i < 4; i++) {
+        EXPECT_ST(recv_msg(A, ch, 5000, &m, &immediate), CN_OK);
+        REQUIRE(immediate, "receive %d after cn_put_back_many did not finish at once", i);
+        REQUIRE(msg_is(&m, &bodies[i]), "receive %d after cn_put_back_many is not many-%d", i, i);
+        msg_free(&m);
+    }
+    none = (uint8_t *)&zero;
+    EXPECT_OK(cn_receive_many(A, ch, 8, &none, &len, &count));
+    REQUIRE(none == NULL && count == 0, "after receiving everything: count %zu", count);
+
+    EXPECT_FAIL(cn_receive_many(A, ch, 3, NULL, &len, &count), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_receive_many(A, ch, 3, &block, NULL, &count), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_receive_many(A, ch, 3, &block, &len, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_receive_many(A, NULL, 3, &block, &len, &count), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_receive_many(A, "bad name", 3, &block, &len, &count), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_receive_many(A, theirs, 3, &block, &len, &count), CN_FOREIGN_CHANNEL);
+    EXPECT_FAIL(cn_receive_many(0, ch, 3, &block, &len, &count), CN_INVALID_HANDLE);
+    REQUIRE(block == NULL, "a refused cn_receive_many returned a block");
+    ok = 1;
+out:
+    cn_free(block);
+    msg_free(&m);
+    return ok;
+}
+
+/* cn_put_back_many: malformed blocks refused whole, a waiting receive gets the first message,
+   0 ms left expires. */
+static int check_put_back_many(char *why) {
+    char ch[128], mark[128];
+    body_t bodies[3], later[2];
+    record_t recs[8];
+    msg_t m = {NULL, 0};
+    uint8_t *block = NULL, *bad = NULL, *body = NULL;
+    size_t len = 0, count = 0, blen = 0;
+    cn_op op = 0;
+    result_t r;
+    long expired;
+    int ok = 0, i, immediate = 0;
+    char text[32];
+    result_init(&r);
+    for (i = 0; i < 3; i++) {
+        snprintf(text, sizeof text, "back-%d", i);
+        bodies[i] = body_of(text);
+    }
+    for (i = 0; i < 2; i++) {
+        snprintf(text, sizeof text, "expire-%d", i);
+        later[i] = body_of(text);
+    }
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    EXPECT_OK(new_channel(A, mark, sizeof mark));
+    EXPECT_OK(send_and_settle(ch, mark, bodies, 3));
+    EXPECT_OK(cn_receive_many(A, ch, 8, &block, &len, &count));
+    REQUIRE(count == 3 && block != NULL, "took %zu, want 3", count);
+    if (!parse_block(block, len, count, recs, 8, why)) {
+        goto out;
+    }
+
+    /* a block that ends inside a record is refused whole: nothing of it goes back */
+    EXPECT_FAIL(cn_put_back_many(A, ch, block, 5), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_put_back_many(A, ch, block, RECORD_HEADER), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_put_back_many(A, ch, block, len - 1), CN_INVALID_ARG);
+    bad = malloc(len);
+    REQUIRE(bad != NULL, "malloc");
+    memcpy(bad, block, len);
+    put_le32(bad + RECORD_HEADER + recs[0].len, recs[1].len + 1000); /* the second's length */
+    EXPECT_FAIL(cn_put_back_many(A, ch, bad, len), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_put_back_many(A, ch, NULL, len), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_put_back_many(A, "bad name", block, len), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_put_back_many(0, ch, block, len), CN_INVALID_HANDLE);
+    EXPECT_OK(cn_put_back_many(A, ch, block, 0)); /* len 0: nothing */
+    EXPECT_OK(cn_receive_many(A, ch, 8, &body, &blen, &count));
+    REQUIRE(count == 0 && body == NULL, "refused put-backs left %zu message(s) in the mailbox",
+            count);
+
+    /* with a receive waiting, the first message completes it, the rest stay in order */
+    EXPECT_ST(cn_receive(A, ch, on_result, &r, &body, &blen, &op), CN_PENDING);
+    EXPECT_OK(cn_put_back_many(A, ch, block, len));
+    cn_free(block);
+    block = NULL;
+    REQUIRE(result_wait(&r, 1, 5000) == 1, "the waiting receive did not get a put-back message");
+    REQUIRE(r.status == CN_OK && r.len == bodies[0].len && r.data != NULL &&
+                memcmp(r.data, bodies[0].data, r.len) == 0,
+            "the waiting receive got status %d len %zu, want back-0", (int)r.status, r.len);
+    for (i = 1; i < 3; i++) {
+        EXPECT_ST(recv_msg(A, ch, 5000, &m, &immediate), CN_OK);
+        REQUIRE(immediate && msg_is(&m, &bodies[i]), "then not back-%d at once", i);
+        msg_free(&m);
+    }
+
+    /* 0 ms left: expired, dropped (and counted) by the next receive */
+    EXPECT_OK(send_and_settle(ch, mark, later, 2));
+    EXPECT_OK(cn_receive_many(A, ch, 8, &block, &len, &count));
+    REQUIRE(count == 2 && block != NULL, "took %zu, want 2", count);
+    if (!parse_block(block, len, count, recs, 8, why)) {
+        goto out;
+    }
+    REQUIRE(record_is(&recs[0], &later[0]) && record_is(&recs[1], &later[1]),
+            "took other messages than expire-0 and expire-1");
+    put_le32(block + 4, 0);
+    put_le32(block + RECORD_HEADER + recs[0].len + 4, 0);
+    expired = stats_number(A, "\"expired\":");
+    REQUIRE(expired >= 0, "no \"expired\" in cn_stats");
+    EXPECT_OK(cn_put_back_many(A, ch, block, len));
+    EXPECT_ST(recv_msg(A, ch, 200, &m, NULL), CN_TIMEOUT);
+    REQUIRE(stats_number(A, "\"expired\":") >= expired + 2,
+            "dropped.expired went from %ld to %ld, want 2 more", expired,
+            stats_number(A, "\"expired\":"));
+    ok = 1;
+out:
+    cn_free(block);
+    cn_free(body);
+    free(bad);
     msg_free(&m);
     result_destroy(&r);
     return ok;
@@ -1621,6 +1896,8 @@ int main(int argc, char **argv) {
     }
     run("cancel_before_delivery", check_cancel_before_delivery);
     run("put_back", check_put_back);
+    run("receive_many", check_receive_many);
+    run("put_back_many", check_put_back_many);
     run("stats", check_stats);
     run("flush", check_flush);
     run("errors", check_errors);
