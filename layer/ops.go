@@ -348,6 +348,10 @@ func (l *Layer) PutBack(msgs ...Message) {
 			at = now
 		}
 		uncount(&l.counters.delivered) // it was counted when it was handed over
+		if now.Sub(at) >= l.cfg.Expiry {
+			l.countExpired(1) // no time left: it would have expired in the mailbox (S4)
+			continue
+		}
 		mb := l.mailboxes[name]
 		released := msg.mb != nil && mb != msg.mb && msg.mb.plain
 		switch {
