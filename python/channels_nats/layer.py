@@ -227,16 +227,8 @@ class NatsChannelLayer(BaseChannelLayer):
         assert isinstance(message, dict), "message is not a dict"
         self.require_valid_channel_name(channel)
         assert "__asgi_channel__" not in message, "the __asgi_channel__ key is reserved"
-        body = _pack(message)
-        client = self._client or await self._connection()
         _, lib = _native.load()
-        complete, _ = _bridge.callbacks()
-        token, op = _bridge.next_token(), _scratch().op
-        status = lib.cn_send(client, channel.encode(), body, len(body), complete, _bridge.closure(token), op)
-        if status != _native.PENDING:
-            _native.check(status)
-            return
-        await self._wait(token, op[0], client)
+        await self._publish(lib.cn_send, channel, _pack(message))
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
@@ -315,16 +307,8 @@ class NatsChannelLayer(BaseChannelLayer):
         """Sends a message to every member of a group, in every process: one publish."""
         assert isinstance(message, dict), "message is not a dict"
         self.require_valid_group_name(group)
-        body = _pack(message)
-        client = self._client or await self._connection()
         _, lib = _native.load()
-        complete, _ = _bridge.callbacks()
-        token, op = _bridge.next_token(), _scratch().op
-        status = lib.cn_group_send(client, group.encode(), body, len(body), complete, _bridge.closure(token), op)
-        if status != _native.PENDING:
-            _native.check(status)
-            return
-        await self._wait(token, op[0], client)
+        await self._publish(lib.cn_group_send, group, _pack(message))
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -387,6 +371,17 @@ class NatsChannelLayer(BaseChannelLayer):
             _native.check(status)
             return "", None
         return await self._wait(token, op[0], client, abandon)
+
+    async def _publish(self, publish: Any, target: str, body: bytes) -> None:
+        """cn_send or cn_group_send of body to target; waits only when the library must."""
+        client = self._client or await self._connection()
+        complete, _ = _bridge.callbacks()
+        token, op = _bridge.next_token(), _scratch().op
+        status = publish(client, target.encode(), body, len(body), complete, _bridge.closure(token), op)
+        if status != _native.PENDING:
+            _native.check(status)
+            return
+        await self._wait(token, op[0], client)
 
     async def _wait(
         self, token: int, op: int, client: int, abandon: _bridge.Abandon | None = None
