@@ -45,6 +45,7 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 	}
 	c := &client{id: nextHandle(), log: log, logClosure: logClosure, ops: map[uint64]*op{}}
 	cfg.Log = c.logRecord
+	cfg.Deliveries = c.deliveries
 	ctx, cancel := context.WithCancel(context.Background())
 	c.connecting = cancel
 	issued.Store(c.id, struct{}{})

@@ -34,15 +34,43 @@ type resultQueue struct {
 
 	mu       sync.Mutex
 	items    []outcome
-	attached int // clients not closed yet that add to this queue
+	attached int  // clients not closed yet that add to this queue
+	held     int  // bursts of deliveries in progress (hold): the signal waits for their end
+	owed     bool // a signal is due when the last burst ends
 }
 
 func (q *resultQueue) add(r outcome) {
 	q.mu.Lock()
-	wasEmpty := len(q.items) == 0
+	signal := len(q.items) == 0
 	q.items = append(q.items, r)
+	if signal && q.held > 0 {
+		q.owed, signal = true, false
+	}
 	q.mu.Unlock()
-	if wasEmpty && q.notify != nil {
+	if signal && q.notify != nil {
+		q.notify.signal()
+	}
+}
+
+// hold starts a burst of results (the deliveries of one group message): the host is signalled
+// once, when the burst ends, and takes the whole burst at once instead of racing the library
+// for every result of it.
+func (q *resultQueue) hold() {
+	q.mu.Lock()
+	q.held++
+	q.mu.Unlock()
+}
+
+// release ends a burst, and signals the host if a result came during it.
+func (q *resultQueue) release() {
+	q.mu.Lock()
+	q.held--
+	signal := q.held == 0 && q.owed
+	if signal {
+		q.owed = false
+	}
+	q.mu.Unlock()
+	if signal && q.notify != nil {
 		q.notify.signal()
 	}
 }

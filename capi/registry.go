@@ -77,6 +77,20 @@ func (c *client) logRecord(level layer.Level, message string) {
 	C.bridge_invoke_log(c.log, c.logClosure, C.int(level), text)
 }
 
+// deliveries brackets a burst of results of one arrived message (layer.Config.Deliveries): a
+// result queue signals its host once for the burst. c.results is set before the first pending
+// operation exists, so before any delivery.
+func (c *client) deliveries(begin bool) {
+	q, ok := c.results.(*resultQueue)
+	switch {
+	case !ok:
+	case begin:
+		q.hold()
+	default:
+		q.release()
+	}
+}
+
 // op is a pending operation: its callback runs exactly once unless it is withdrawn first.
 type op struct {
 	id      uint64

@@ -345,7 +345,9 @@ CN_EXTERN cn_status cn_set_batch_callback(cn_client client, cn_batch_callback ca
  * runtime with an interpreter lock: it watches notify and takes the results on its own thread.
  *   notify  -1, or the write end the library signals: a file descriptor (POSIX: a pipe or a
  *           socket, preferably non-blocking) or a SOCKET (Windows). Whenever the queue goes from
- *           empty to non-empty, the library writes one byte to it. The host reads and discards
+ *           empty to non-empty, the library writes one byte to it; the results one arriving
+ *           message produces together (a group message finishing many waiting receives) are
+ *           signalled once, after the last of them is queued. The host reads and discards
  *           these bytes BEFORE it takes results (so no result is left behind unsignalled), and
  *           keeps notify open until cn_queue_free(). With -1 the host polls.
  *   queue   required; receives the handle.

@@ -44,6 +44,11 @@ type Config struct {
 	Connection ConnectionOptions
 	// Log receives the layer's warnings (drops, reconnects). Default: the log/slog default logger.
 	Log LogFunc
+	// Deliveries, when set, is called by the dispatcher around the deliveries one arrived message
+	// makes to waiting receives (a group message wakes every waiting member): Deliveries(true)
+	// before the first, Deliveries(false) after the last. A host that wakes an event loop per
+	// result can wake it once for the whole burst instead.
+	Deliveries func(begin bool)
 }
 
 // ConnectionOptions are passed to nats.go. Zero values select the defaults documented per field.

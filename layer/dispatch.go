@@ -110,6 +110,13 @@ func (l *Layer) route(m *nats.Msg) {
 	if handBack {
 		l.handBack(nc, m.Subject, [][]byte{m.Data})
 	}
+	if len(sc.handoffs) == 0 {
+		return
+	}
+	if l.cfg.Deliveries != nil {
+		l.cfg.Deliveries(true)
+		defer l.cfg.Deliveries(false)
+	}
 	for _, h := range sc.handoffs {
 		h.w.deliver(h.msg, nil)
 	}

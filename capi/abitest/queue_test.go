@@ -1493,3 +1493,37 @@ func TestQueueCancelStorm(t *testing.T) {
 		t.Errorf("no cancel met a delivery: the storm did not test the race")
 	}
 }
+
+// A group message that finishes many waiting receives is one burst: the notify byte comes after
+// the last of its results is queued, so the first take after the byte finds all of them.
+func TestQueueBurstSignalsOnce(t *testing.T) {
+	ts := startServer(t)
+	rfd, wfd := notifyPipe(t)
+	q := newQueue(t, wfd)
+	c := connect(t, ts.url, nil)
+	q.attach(c)
+	sender := connect(t, ts.url, nil)
+	group := uniq(t, "burst")
+	const members = 500
+	closures := map[uintptr]bool{}
+	for range members {
+		ch := newChannelWait(t, c)
+		c.groupAdd(group, ch)
+		w := newWaiter(1, nil)
+		pendingReceive(t, c, ch, w.closure)
+		closures[w.closure] = true
+	}
+	sender.groupSend(group, numbered(t, 7))
+	if !readable(rfd, wait) {
+		t.Fatalf("no notify byte within %s of the group message", wait)
+	}
+	got := q.take(2 * members) // at once: the library may still be queueing if it signalled early
+	if len(got) != members {
+		t.Fatalf("the first take after the signal found %d of the %d results of the burst", len(got), members)
+	}
+	for _, r := range got {
+		if r.Status != cnOK || !closures[r.Closure] || numberOf(r.Data) != 7 {
+			t.Fatalf("result %+v is not one of the burst", r)
+		}
+	}
+}
