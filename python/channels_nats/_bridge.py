@@ -192,7 +192,7 @@ def _deliver_all(results: list[tuple[int, int, str, bytes | None]]) -> None:
         pending.finish(status, detail, body)
 
 
-TAKE_BATCH = 256
+TAKE_BATCH = 1024
 """Results taken per cn_queue_take call."""
 
 
