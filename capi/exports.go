@@ -269,23 +269,30 @@ func cngo_receive(h C.cn_client, channel *C.char, cb C.cn_callback, closure C.ui
 //export cngo_put_back
 func cngo_put_back(h C.cn_client, channel *C.char, body *C.uint8_t, n C.size_t) (st C.cn_status) {
 	defer recoverStatus(&st)
-	_, l, err := usable(h)
-	if err != nil {
-		return fail(err)
-	}
-	name, err := goString(channel, "channel", true)
-	if err != nil {
-		return fail(err)
-	}
-	if err := layer.ValidateChannelName(name); err != nil {
-		return fail(err)
-	}
-	data, err := cBytes(body, n, "body")
+	l, name, data, err := putBackArgs(h, channel, body, n, "body")
 	if err != nil {
 		return fail(err)
 	}
 	l.PutBack(layer.Message{Channel: name, Body: append([]byte(nil), data...)})
 	return C.CN_OK
+}
+
+// putBackArgs checks the arguments of cn_put_back and cn_put_back_many; data is lent, valid
+// during the call only.
+func putBackArgs(h C.cn_client, channel *C.char, p *C.uint8_t, n C.size_t, what string) (*layer.Layer, string, []byte, error) {
+	_, l, err := usable(h)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	name, err := goString(channel, "channel", true)
+	if err == nil {
+		err = layer.ValidateChannelName(name)
+	}
+	if err != nil {
+		return nil, "", nil, err
+	}
+	data, err := cBytes(p, n, what)
+	return l, name, data, err
 }
 
 // pendingOrNow runs a call that may wait on the network: at once when it need not wait, on the
@@ -418,20 +425,26 @@ func cngo_set_batch_callback(h C.cn_client, cb C.cn_batch_callback, closure C.ui
 	if cb == nil {
 		return fail(argError("callback must not be NULL"))
 	}
-	c, err := lookup(h) // also while connecting: hosts set it before their first operation
+	return result(setSink(h, func() resultSink { return newBatcher(cb, closure) }))
+}
+
+// setSink makes the results of client h go to the sink newSink returns, once, before its first
+// pending operation (also while it connects: hosts set it first thing).
+func setSink(h C.cn_client, newSink func() resultSink) error {
+	c, err := lookup(h)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
 	case c.closing:
-		return fail(layer.ErrClosed)
+		return layer.ErrClosed
 	case c.results != nil || len(c.ops) > 0:
-		return fail(errSinkTooLate)
+		return errSinkTooLate
 	}
-	c.results = newBatcher(cb, closure)
-	return C.CN_OK
+	c.results = newSink()
+	return nil
 }
 
 //export cngo_stats

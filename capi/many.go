@@ -58,18 +58,7 @@ func cngo_receive_many(h C.cn_client, channel *C.char, limit C.size_t, blockOut 
 //export cngo_put_back_many
 func cngo_put_back_many(h C.cn_client, channel *C.char, blockIn *C.uint8_t, n C.size_t) (st C.cn_status) {
 	defer recoverStatus(&st)
-	_, l, err := usable(h)
-	if err != nil {
-		return fail(err)
-	}
-	name, err := goString(channel, "channel", true)
-	if err != nil {
-		return fail(err)
-	}
-	if err := layer.ValidateChannelName(name); err != nil {
-		return fail(err)
-	}
-	block, err := cBytes(blockIn, n, "block")
+	l, name, block, err := putBackArgs(h, channel, blockIn, n, "block")
 	if err != nil {
 		return fail(err)
 	}

@@ -9,8 +9,6 @@ import (
 	"errors"
 	"sync"
 	"unsafe"
-
-	"github.com/channels-nats/channels-nats/layer"
 )
 
 var (
@@ -128,23 +126,12 @@ func cngo_set_result_queue(h C.cn_client, qh C.cn_queue) (st C.cn_status) {
 	if err != nil {
 		return fail(err)
 	}
-	c, err := lookup(h) // also while connecting: hosts set it before their first operation
-	if err != nil {
-		return fail(err)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case c.closing:
-		return fail(layer.ErrClosed)
-	case c.results != nil || len(c.ops) > 0:
-		return fail(errSinkTooLate)
-	}
-	q.mu.Lock()
-	q.attached++
-	q.mu.Unlock()
-	c.results = q
-	return C.CN_OK
+	return result(setSink(h, func() resultSink {
+		q.mu.Lock()
+		q.attached++
+		q.mu.Unlock()
+		return q
+	}))
 }
 
 //export cngo_queue_take
