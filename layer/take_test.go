@@ -17,6 +17,20 @@ import (
 	"time"
 )
 
+// tkPair starts a server and returns a receiving layer, a sending layer and a process channel
+// of the receiving one.
+func tkPair(t testing.TB) (a, b *Layer, ch string) {
+	t.Helper()
+	s := startServer(t)
+	a = connect(t, testConfig(nil, s.url()))
+	b = connect(t, testConfig(nil, s.url()))
+	ch, err := a.NewChannel(ctxT(t, 10*time.Second), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b, ch
+}
+
 // tkTake calls TakeReceive and fails the test on an error.
 func tkTake(t testing.TB, l *Layer, channel string, n int) []Message {
 	t.Helper()
@@ -124,13 +138,7 @@ func tkAwait(t testing.TB, got <-chan Message, what string) Message {
 // TestTakeReceiveUpToMax: with k messages waiting, TakeReceive(max) returns min(max, k) of them,
 // oldest first, leaves the rest in order, and counts what it returned as delivered.
 func TestTakeReceiveUpToMax(t *testing.T) {
-	s := startServer(t)
-	a := connect(t, testConfig(nil, s.url()))
-	b := connect(t, testConfig(nil, s.url()))
-	ch, err := a.NewChannel(ctxT(t, 10*time.Second), "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b, ch := tkPair(t)
 	tkFill(t, a, b, ch, tkSeq(1, 5)...)
 
 	for _, max := range []int{0, -1} {
@@ -178,13 +186,7 @@ func TestTakeReceiveUpToMax(t *testing.T) {
 // TestTakeReceiveEmptyMailbox: on a confirmed channel with nothing waiting, TakeReceive returns
 // none without an error and the channel keeps working for both kinds of receive.
 func TestTakeReceiveEmptyMailbox(t *testing.T) {
-	s := startServer(t)
-	a := connect(t, testConfig(nil, s.url()))
-	b := connect(t, testConfig(nil, s.url()))
-	ch, err := a.NewChannel(ctxT(t, 10*time.Second), "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b, ch := tkPair(t)
 	for _, max := range []int{1, 64} {
 		if got := tkTake(t, a, ch, max); len(got) != 0 {
 			t.Fatalf("TakeReceive(max=%d) on an empty mailbox returned %v", max, tkNs(t, got))
@@ -449,13 +451,7 @@ func TestTakeReceiveSkipsExpired(t *testing.T) {
 // messages with no time left in front of live ones are skipped by TakeReceive, even where a live
 // message precedes them, and each is counted as expired exactly once.
 func TestTakeReceiveSkipsExpiredInTheMiddle(t *testing.T) {
-	s := startServer(t)
-	a := connect(t, testConfig(nil, s.url()))
-	b := connect(t, testConfig(nil, s.url()))
-	ch, err := a.NewChannel(ctxT(t, 10*time.Second), "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b, ch := tkPair(t)
 	tkFill(t, a, b, ch, "live1", "live2")
 	a.PutBack(
 		a.Returned(ch, lcBody(t, "dead1"), 0),
@@ -656,13 +652,7 @@ func TestPutBackManyKeepsOrder(t *testing.T) {
 // put-back goes to it and the rest stay in front of the mailbox in order; with two waiting, the
 // longest-waiting gets the first and the other the second.
 func TestPutBackManyToWaitingReceive(t *testing.T) {
-	s := startServer(t)
-	a := connect(t, testConfig(nil, s.url()))
-	b := connect(t, testConfig(nil, s.url()))
-	ch, err := a.NewChannel(ctxT(t, 10*time.Second), "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b, ch := tkPair(t)
 
 	tkFill(t, a, b, ch, "1", "2", "3")
 	taken := tkTake(t, a, ch, 3)
@@ -704,13 +694,7 @@ func TestPutBackManyToWaitingReceive(t *testing.T) {
 // TestPutBackNone: PutBack with no message changes nothing: no hand-over to a waiting receive,
 // no counter, no mailbox.
 func TestPutBackNone(t *testing.T) {
-	s := startServer(t)
-	a := connect(t, testConfig(nil, s.url()))
-	b := connect(t, testConfig(nil, s.url()))
-	ch, err := a.NewChannel(ctxT(t, 10*time.Second), "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b, ch := tkPair(t)
 	other, err := a.NewChannel(ctxT(t, 10*time.Second), "")
 	if err != nil {
 		t.Fatal(err)
