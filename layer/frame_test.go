@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -370,6 +371,14 @@ func FuzzValidateFrame(f *testing.F) {
 		if m == nil {
 			t.Fatalf("ValidateFrame accepted % x but it decodes to a nil map", body)
 		}
+		// The layer's own decoder gives what vmihailenco gives, type for type.
+		own, oerr := DecodeMessage(body)
+		if oerr != nil || !sameDecoded(own, m) {
+			t.Fatalf("DecodeMessage(% x) = %#v, %v; vmihailenco/msgpack gives %#v", body, own, oerr, m)
+		}
+		if encoded, eerr := encodeMessage(own); eerr != nil || ValidateFrame(encoded) != nil {
+			t.Fatalf("re-encoding %#v with encodeMessage: % x, %v", own, encoded, eerr)
+		}
 		again, merr := msgpack.Marshal(m)
 		if merr != nil {
 			t.Fatalf("re-encoding the decoded frame: %v", merr)
@@ -382,6 +391,41 @@ func FuzzValidateFrame(f *testing.F) {
 			t.Fatalf("reserved key present=%v but validateOutbound = %v", reserved, outErr)
 		}
 	})
+}
+
+// sameDecoded is reflect.DeepEqual, except that NaN equals NaN (a frame may carry one).
+func sameDecoded(a, b any) bool {
+	switch a := a.(type) {
+	case float64:
+		b, ok := b.(float64)
+		return ok && (a == b || a != a && b != b)
+	case float32:
+		b, ok := b.(float32)
+		return ok && (a == b || a != a && b != b)
+	case []any:
+		b, ok := b.([]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if !sameDecoded(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	case map[string]any:
+		b, ok := b.(map[string]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for k, v := range a {
+			if w, found := b[k]; !found || !sameDecoded(v, w) {
+				return false
+			}
+		}
+		return true
+	}
+	return reflect.DeepEqual(a, b)
 }
 
 // TestFrameCorpusFiles keeps the committed seed corpus honest: files named valid_* hold frames

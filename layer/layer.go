@@ -1,7 +1,6 @@
 package layer
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Version is the version of this library, reported by the C ABI too.
@@ -254,26 +252,4 @@ func (l *Layer) Stats() Stats {
 	s.Connected = !l.closed && l.nc != nil && l.nc.IsConnected()
 	l.mu.Unlock()
 	return s
-}
-
-// encodeMessage packs a Go message the way every peer expects: a msgpack map, []byte as bin,
-// string as str, integers in their smallest form.
-func encodeMessage(msg map[string]any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := msgpack.NewEncoder(&b)
-	enc.UseCompactInts(true)
-	enc.UseCompactFloats(false)
-	if err := enc.Encode(msg); err != nil {
-		return nil, fmt.Errorf("channels_nats: cannot encode the message: %w", err)
-	}
-	return b.Bytes(), nil
-}
-
-// DecodeMessage unpacks a body returned by ReceiveRaw into a Go map.
-func DecodeMessage(body []byte) (map[string]any, error) {
-	var m map[string]any
-	if err := msgpack.Unmarshal(body, &m); err != nil {
-		return nil, fmt.Errorf("channels_nats: cannot decode the message: %w", err)
-	}
-	return m, nil
 }

@@ -31,7 +31,9 @@ type groupMembers struct {
 
 func (g *groupMembers) size() int { return len(g.process) + len(g.plain) }
 
-// Send publishes a message to a channel (validated: see SendRaw).
+// Send publishes a message to a channel (validated: see SendRaw). Values may be nil, bool, any
+// integer type, float32, float64, string, []byte, []any, []string, map[string]any and
+// map[string]string; anything else is a *FrameError.
 func (l *Layer) Send(ctx context.Context, channel string, msg map[string]any) error {
 	body, err := encodeMessage(msg)
 	if err != nil {
