@@ -320,9 +320,12 @@ static cn_status recv_msg(cn_client c, const char *channel, long timeout_ms, msg
     return st;
 }
 
-/* The client configuration JSON for g_url and g_prefix. */
+/* The client configuration JSON for g_url and g_prefix. The connect timeout is generous: under
+   valgrind a loopback dial can take longer than the 2 s default. */
 static void config_json(char *buf, size_t n) {
-    snprintf(buf, n, "{\"servers\": [\"%s\"], \"prefix\": \"%s\", \"release_linger\": 0.2}",
+    snprintf(buf, n,
+             "{\"servers\": [\"%s\"], \"prefix\": \"%s\", \"release_linger\": 0.2, "
+             "\"connect_options\": {\"connect_timeout\": 20}}",
              g_url, g_prefix);
 }
 
