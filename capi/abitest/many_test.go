@@ -110,6 +110,15 @@ func takeManyRaw(t testing.TB, h uint64, channel string, max uintptr) ([]byte, [
 }
 
 // takeMany is takeManyRaw that must return CN_OK.
+// backlog has sender send the numbered messages 0..n-1 to ch and waits until c has them all.
+func (c *client) backlog(sender *client, ch string, n int) {
+	c.t.Helper()
+	for i := range n {
+		sender.send(ch, numbered(c.t, i))
+	}
+	c.barrier(sender)
+}
+
 func (c *client) takeMany(channel string, max uintptr) ([]byte, []record) {
 	c.t.Helper()
 	block, recs, st, msg := takeManyRaw(c.t, c.h, channel, max)
@@ -339,10 +348,7 @@ func TestPutBackManyOrder(t *testing.T) {
 	c := connect(t, ts.url, nil)
 	sender := connect(t, ts.url, nil)
 	ch := c.newChannel("")
-	for i := range 5 {
-		sender.send(ch, numbered(t, i))
-	}
-	c.barrier(sender)
+	c.backlog(sender, ch, 5)
 	block, recs := c.takeMany(ch, 3)
 	if fmt.Sprint(numbers(recs)) != "[0 1 2]" {
 		t.Fatalf("took %v, want [0 1 2]", numbers(recs))
@@ -393,10 +399,7 @@ func TestPutBackManyExpired(t *testing.T) {
 	c := connect(t, ts.url, map[string]any{"expiry": 2})
 	sender := connect(t, ts.url, nil)
 	ch := c.newChannel("")
-	for i := range 3 {
-		sender.send(ch, numbered(t, i))
-	}
-	c.barrier(sender)
+	c.backlog(sender, ch, 3)
 	_, recs := c.takeMany(ch, 3)
 	if len(recs) != 3 {
 		t.Fatalf("took %v, want 3", numbers(recs))
@@ -447,10 +450,7 @@ func TestPutBackManyPendingReceive(t *testing.T) {
 	c := connect(t, ts.url, nil)
 	sender := connect(t, ts.url, nil)
 	ch := c.newChannel("")
-	for i := range 3 {
-		sender.send(ch, numbered(t, i))
-	}
-	c.barrier(sender)
+	c.backlog(sender, ch, 3)
 	block, recs := c.takeMany(ch, 3)
 	if fmt.Sprint(numbers(recs)) != "[0 1 2]" {
 		t.Fatalf("took %v, want [0 1 2]", numbers(recs))
@@ -832,10 +832,7 @@ func TestPutBackManyExpiredPendingReceive(t *testing.T) {
 	c := connect(t, ts.url, map[string]any{"expiry": 2})
 	sender := connect(t, ts.url, nil)
 	ch := c.newChannel("")
-	for i := range 3 {
-		sender.send(ch, numbered(t, i))
-	}
-	c.barrier(sender)
+	c.backlog(sender, ch, 3)
 	_, recs := c.takeMany(ch, 3)
 	if fmt.Sprint(numbers(recs)) != "[0 1 2]" {
 		t.Fatalf("took %v, want [0 1 2]", numbers(recs))
