@@ -14,11 +14,13 @@
 #define CN_THREAD_LOCAL __thread /* mingw-w64 gcc ignores __declspec(thread) (only a warning) */
 static int cn_forked(void) { return 0; } /* Windows has no fork */
 #else
-#include <unistd.h>
+#include <pthread.h>
 #define CN_THREAD_LOCAL __thread
-static pid_t cn_loaded_by;
-__attribute__((constructor)) static void cn_remember_pid(void) { cn_loaded_by = getpid(); }
-static int cn_forked(void) { return getpid() != cn_loaded_by; }
+/* Set in the child of every fork. A flag, not a getpid() per call: getpid is a system call. */
+static volatile int cn_child_of_fork;
+static void cn_note_fork(void) { cn_child_of_fork = 1; }
+__attribute__((constructor)) static void cn_watch_forks(void) { pthread_atfork(NULL, NULL, cn_note_fork); }
+static int cn_forked(void) { return cn_child_of_fork; }
 #endif
 
 static CN_THREAD_LOCAL char cn_error_text[1024];
@@ -158,6 +160,17 @@ cn_status cn_receive_many(cn_client client, const char *channel, size_t max, uin
 cn_status cn_put_back_many(cn_client client, const char *channel, const uint8_t *block, size_t len) {
     CN_ENTER();
     return cngo_put_back_many(client, (char *)channel, (uint8_t *)block, len);
+}
+
+cn_status cn_receive_stream(cn_client client, const char *channel, uint32_t credit,
+                            cn_callback callback, void *closure, cn_op *op) {
+    CN_ENTER();
+    return cngo_receive_stream(client, (char *)channel, credit, callback, CN_CLOSURE(closure), op);
+}
+
+cn_status cn_stream_stop(cn_client client, cn_op op, uint32_t *unused) {
+    CN_ENTER();
+    return cngo_stream_stop(client, op, unused);
 }
 
 cn_status cn_new_channel(cn_client client, const char *prefix, cn_callback callback, void *closure,
