@@ -43,7 +43,7 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 	if err != nil {
 		return fail(configError{err})
 	}
-	c := &client{id: nextHandle(), log: log, logClosure: logClosure, ops: map[uint64]*op{}}
+	c := &client{id: nextHandle(), log: log, logClosure: logClosure, ops: map[uint64]pendingOp{}}
 	cfg.Log = c.logRecord
 	cfg.Deliveries = c.deliveries
 	ctx, cancel := context.WithCancel(context.Background())

@@ -35,7 +35,7 @@ type client struct {
 	layer      *layer.Layer       // nil while connecting
 	connecting context.CancelFunc // cancels a connect in progress
 	closing    bool
-	ops        map[uint64]*op
+	ops        map[uint64]pendingOp
 
 	running sync.WaitGroup // goroutines that may still call back: connect and pending operations
 
@@ -89,6 +89,12 @@ func (c *client) deliveries(begin bool) {
 	default:
 		q.release()
 	}
+}
+
+// pendingOp is what cn_cancel and close find in a client: an op or a stream.
+type pendingOp interface {
+	withdraw() bool     // cn_cancel: true when its callback will not run (again)
+	end(err error) bool // close: its last result, unless it had ended
 }
 
 // op is a pending operation: its callback runs exactly once unless it is withdrawn first.
@@ -157,13 +163,13 @@ func (o *op) finish(err error, text string, data []byte) bool {
 	if err != nil {
 		text = errorText(err)
 	}
-	if sink := o.c.results; sink != nil {
+	if o.c.results != nil {
 		// Under o.mu, so that a cancel that finds the operation finished (CN_NOT_PENDING) also
 		// finds its result already in the sink: a host may take it right after.
 		o.mu.Lock()
 		finished := o.state.CompareAndSwap(opPending, opFinished)
 		if finished {
-			sink.add(outcome{closure: o.closure, status: st, text: text, data: data})
+			o.c.emit(o.cb, o.closure, st, text, data)
 		}
 		o.mu.Unlock()
 		if finished {
@@ -175,6 +181,19 @@ func (o *op) finish(err error, text string, data []byte) bool {
 		return false
 	}
 	o.unregister()
+	o.c.emit(o.cb, o.closure, st, text, data)
+	return true
+}
+
+// end finishes o with err (close).
+func (o *op) end(err error) bool { return o.finish(err, "", nil) }
+
+// emit hands one result to the client's result sink, or calls cb with it on this goroutine.
+func (c *client) emit(cb C.cn_callback, closure C.uintptr_t, st C.cn_status, text string, data []byte) {
+	if sink := c.results; sink != nil {
+		sink.add(outcome{closure: closure, status: st, text: text, data: data})
+		return
+	}
 	var ctext *C.char
 	if text != "" {
 		ctext = C.CString(text)
@@ -185,8 +204,7 @@ func (o *op) finish(err error, text string, data []byte) bool {
 		// Go memory without pointers may be lent to C for the duration of the call.
 		cdata = (*C.uint8_t)(unsafe.Pointer(&data[0]))
 	}
-	C.bridge_invoke(o.cb, o.closure, st, ctext, cdata, C.size_t(len(data)))
-	return true
+	C.bridge_invoke(cb, closure, st, ctext, cdata, C.size_t(len(data)))
 }
 
 // withdraw cancels a pending operation: true when its callback will not run.
@@ -256,13 +274,13 @@ func (c *client) close() {
 		_ = l.Close() // waiting receives end with ErrClosed through their callbacks
 	}
 	c.mu.Lock()
-	left := make([]*op, 0, len(c.ops))
+	left := make([]pendingOp, 0, len(c.ops))
 	for _, o := range c.ops {
 		left = append(left, o)
 	}
 	c.mu.Unlock()
 	for _, o := range left {
-		o.finish(layer.ErrClosed, "", nil)
+		o.end(layer.ErrClosed)
 	}
 	c.running.Wait()
 	if c.results != nil {

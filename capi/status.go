@@ -77,7 +77,8 @@ func statusOf(err error) C.cn_status {
 		return C.CN_CANCELLED
 	case errors.Is(err, errNotPending):
 		return C.CN_NOT_PENDING
-	case errors.Is(err, errConnecting), errors.Is(err, errSinkTooLate), errors.Is(err, errQueueAttached):
+	case errors.Is(err, errConnecting), errors.Is(err, errSinkTooLate), errors.Is(err, errQueueAttached),
+		errors.Is(err, errNotSubscribed):
 		return C.CN_ILLEGAL_STATE
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
 		return C.CN_TIMEOUT

@@ -275,6 +275,43 @@ CN_EXTERN cn_status cn_receive_many(cn_client client, const char *channel, size_
 CN_EXTERN cn_status cn_put_back_many(cn_client client, const char *channel, const uint8_t *block,
                                      size_t len);
 
+/*
+ * Starts a stream: a standing receive on a channel that hands over each of its next credit
+ * messages as a result of its own, with closure, in arrival order, with no call per message. A
+ * host that receives on a channel again and again (an event loop serving a consumer) makes one
+ * call per credit instead of one per message. While the stream has credit it is first in line
+ * for the channel's messages; when the credit is used it ends, and the host starts another.
+ *   credit    how many messages it may take; at least 1.
+ *   callback  required (a stream has no waiting form); called once per message with CN_OK, the
+ *             body in data, and in text NULL when the message arrived just now, or else the
+ *             milliseconds it has left before it would have expired in its mailbox (decimal).
+ *             A stream that ends because the client closed gets one more call, CN_CLOSED.
+ *   op        optional; on CN_PENDING receives the stream's handle, for cn_stream_stop().
+ * A stream starts only on an empty mailbox, so that no message overtakes another: when messages
+ * are waiting it starts nothing and returns CN_OK; take them (cn_receive_many(), cn_receive())
+ * and call again. It never waits: before the channel's subscription is confirmed (a plain
+ * channel that was never received on) it returns CN_ILLEGAL_STATE; cn_receive() subscribes.
+ * Like a receive, a message handed over is delivered; one the host will not deliver goes back
+ * with cn_put_back() or cn_put_back_many(), or it is lost. cn_cancel() stops a stream too, but
+ * does not tell how many results are still to come.
+ * Returns CN_OK (nothing started), CN_PENDING, CN_INVALID_ARG, CN_INVALID_NAME,
+ * CN_FOREIGN_CHANNEL, CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_ERR, CN_FORKED,
+ * CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_receive_stream(cn_client client, const char *channel, uint32_t credit,
+                                      cn_callback callback, void *closure, cn_op *op);
+
+/*
+ * Stops a stream and tells how much of its credit it had not used.
+ *   unused  required; on CN_OK receives that credit. Of the stream's credit, exactly the rest is
+ *           (or was) delivered: results of messages it took just before the stop may still come
+ *           after this returns. The host knows the stream is over when it has them all.
+ * CN_NOT_PENDING: the stream had already ended (credit used, stopped, or closed); *unused is 0.
+ * Returns CN_OK, CN_NOT_PENDING, CN_INVALID_ARG (unused NULL, or op is not a stream),
+ * CN_INVALID_HANDLE, CN_CLOSED, CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_stream_stop(cn_client client, cn_op op, uint32_t *unused);
+
 /* ---- Channels and groups ---------------------------------------------------------------- */
 
 /*

@@ -167,6 +167,9 @@ func (l *Layer) ClientID() string { return l.clientID }
 // Prefix is the subject prefix in use.
 func (l *Layer) Prefix() string { return l.cfg.Prefix }
 
+// Expiry is how long a message may wait in a mailbox (S4).
+func (l *Layer) Expiry() time.Duration { return l.cfg.Expiry }
+
 // owns reports whether process channel name was handed out by this client: the last token before
 // "!" is its client id.
 func (l *Layer) owns(name string) bool {
@@ -187,9 +190,7 @@ func (l *Layer) Close() error {
 	l.closed = true
 	var ended []*waiter
 	for _, mb := range l.mailboxes {
-		for w := mb.takeWaiter(); w != nil; w = mb.takeWaiter() {
-			ended = append(ended, w)
-		}
+		ended = append(ended, mb.endWaiters()...)
 		mb.discharged = true
 	}
 	l.mailboxes, l.groups = map[string]*mailbox{}, map[string]*groupMembers{}

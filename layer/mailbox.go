@@ -8,12 +8,14 @@ type entry struct {
 	body []byte
 }
 
-// waiter is one pending receive. deliver is called exactly once, outside the layer lock, with a
-// message or with the error that ended the receive, unless the receive is cancelled first.
+// waiter is one pending receive, or a stream (StartStream). deliver is called outside the layer
+// lock, once per message up to credit, or once with the error that ended it, unless it is
+// stopped first.
 type waiter struct {
 	mb      *mailbox
 	deliver func(Message, error)
-	listed  bool // still in mb.waiters; false once a message or an error was handed over
+	credit  int  // messages it still takes: 1 for a receive, up to the stream's credit for a stream
+	listed  bool // still in mb.waiters; false once its credit is used, an error was handed over, or stopped
 }
 
 // mailbox buffers the messages of one channel name in this process (S2, S4, S5).
@@ -79,22 +81,37 @@ func (mb *mailbox) insert(i int, e entry) {
 	mb.entries[i] = e
 }
 
-// takeWaiter removes and returns the longest-waiting receiver, or nil.
+// takeWaiter returns the longest-waiting receiver for one message, or nil. It is removed, unless
+// it is a stream with credit left: that stays first in line.
 func (mb *mailbox) takeWaiter() *waiter {
 	if len(mb.waiters) == 0 {
 		return nil
 	}
 	w := mb.waiters[0]
+	w.credit--
+	if w.credit > 0 {
+		return w
+	}
 	mb.waiters[0] = nil
 	mb.waiters = mb.waiters[1:]
 	w.listed = false
 	return w
 }
 
-// removeWaiter unlists w; it reports false when w was no longer listed.
-func (mb *mailbox) removeWaiter(w *waiter) bool {
+// endWaiters removes and returns every waiter (the layer closes).
+func (mb *mailbox) endWaiters() []*waiter {
+	ended := mb.waiters
+	for _, w := range ended {
+		w.listed, w.credit = false, 0
+	}
+	mb.waiters = nil
+	return ended
+}
+
+// removeWaiter unlists w and returns the credit it had left: 0 when it was no longer listed.
+func (mb *mailbox) removeWaiter(w *waiter) int {
 	if !w.listed {
-		return false
+		return 0
 	}
 	for i, x := range mb.waiters {
 		if x == w {
@@ -102,6 +119,7 @@ func (mb *mailbox) removeWaiter(w *waiter) bool {
 			break
 		}
 	}
-	w.listed = false
-	return true
+	credit := w.credit
+	w.listed, w.credit = false, 0
+	return credit
 }

@@ -119,7 +119,8 @@ func (l *Layer) publish(ctx context.Context, m *nats.Msg) error {
 	return nil
 }
 
-// PendingReceive is a receive waiting for a message (see StartReceive).
+// PendingReceive is a receive waiting for a message (see StartReceive), or a stream (see
+// StartStream).
 type PendingReceive struct {
 	l *Layer
 	w *waiter
@@ -129,14 +130,21 @@ type PendingReceive struct {
 // will never run. False means a message or an error was already handed to the callback, which
 // runs (or ran) anyway; a host that no longer wants that message must PutBack it (S14).
 func (p *PendingReceive) Cancel() bool {
+	return p.Stop() > 0
+}
+
+// Stop ends a stream (or withdraws a receive) and returns the credit it had not used: of the
+// credit it started with, exactly the rest is (or was) handed to its callback, some of it
+// possibly after Stop returns. 0 means it had already ended.
+func (p *PendingReceive) Stop() int {
 	l := p.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !p.w.mb.removeWaiter(p.w) {
-		return false
+	credit := p.w.mb.removeWaiter(p.w)
+	if credit > 0 {
+		l.readerLeft(p.w.mb, time.Now(), true)
 	}
-	l.readerLeft(p.w.mb, time.Now(), true)
-	return true
+	return credit
 }
 
 // StartReceive begins a receive on channel. When a message is waiting it is returned at once
@@ -273,9 +281,50 @@ func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, err
 	if msg, ok := l.popLocked(mb, now); ok {
 		return msg, nil
 	}
-	w := &waiter{mb: mb, deliver: deliver, listed: true}
+	w := &waiter{mb: mb, deliver: deliver, credit: 1, listed: true}
 	mb.waiters = append(mb.waiters, w)
 	return Message{}, &PendingReceive{l, w}
+}
+
+// StartStream starts a standing receive on channel: each of the next credit messages is handed
+// to deliver as it arrives, in arrival order, from the dispatch goroutine (a message put back may
+// come from another), without a call per message. While it has credit it is first in line for
+// the channel's messages; then it ends. Stop ends it earlier; a layer that closes ends it with
+// one call deliver(Message{}, ErrClosed). deliver must not block and must not call Close.
+//
+// It starts only on an empty mailbox, so that its messages keep their order: when messages are
+// waiting it returns (nil, nil) and the caller takes them first (TakeReceive or StartReceive).
+// It never waits: before the channel's subscription is confirmed it returns ErrWouldBlock (a
+// StartReceive on the channel subscribes). The rules of StartReceive for names apply.
+func (l *Layer) StartStream(channel string, credit int, deliver func(Message, error)) (*PendingReceive, error) {
+	if err := ValidateChannelName(channel); err != nil {
+		return nil, err
+	}
+	if credit < 1 {
+		return nil, fmt.Errorf("channels_nats: a stream's credit must be at least 1, not %d", credit)
+	}
+	key, err := l.receiveKey(channel)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, ErrClosed
+	}
+	if s := l.subs[key]; s == nil || !s.confirmed {
+		return nil, ErrWouldBlock
+	}
+	now := time.Now()
+	mb := l.mailboxLocked(channel, now)
+	mb.readAt = now
+	l.countExpired(mb.dropExpired(now, l.cfg.Expiry))
+	if len(mb.entries) > 0 {
+		return nil, nil
+	}
+	w := &waiter{mb: mb, deliver: deliver, credit: credit, listed: true}
+	mb.waiters = append(mb.waiters, w)
+	return &PendingReceive{l, w}, nil
 }
 
 // readerLeft updates mb when a receive stops waiting, with a message or cancelled. l.mu must be held.
