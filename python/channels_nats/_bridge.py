@@ -23,6 +23,7 @@ import itertools
 import logging
 import select
 import socket
+import struct
 import threading
 import weakref
 from collections import deque
@@ -90,6 +91,8 @@ class Pending:
     """Something the library finishes later, registered under the token its closure carries."""
 
     __slots__ = ("token",)
+    once = True
+    """False for a stream's sink: it stays registered for every result of its token."""
 
     def finish(self, status: int, detail: str, body: bytes | None) -> None:
         raise NotImplementedError
@@ -183,10 +186,12 @@ def _deliver_all(results: list[tuple[int, int, str, bytes | None]]) -> None:
     finishing: list[tuple[Pending, int, str, bytes | None]] = []
     with _pending_lock:  # once per batch
         for token, status, detail, body in results:
-            pending = _pending.pop(token, None)
+            pending = _pending.get(token)
             if pending is None:
                 _early[token] = (status, detail, body)
             else:
+                if pending.once:
+                    del _pending[token]
                 finishing.append((pending, status, detail, body))
     for pending, status, detail, body in finishing:
         pending.finish(status, detail, body)
@@ -201,6 +206,8 @@ class _TakeScratch(threading.local):
 
     def __init__(self) -> None:
         ffi, _ = _native.load()
+        if ffi.sizeof("cn_result") != _RESULT.size:
+            raise RuntimeError(f"channels_nats: cn_result is {ffi.sizeof('cn_result')} bytes, not {_RESULT.size}")
         self.results = ffi.new("cn_result[]", TAKE_BATCH)
         self.count = ffi.new("size_t *")
         self.memory = ffi.new("void **")
@@ -221,6 +228,7 @@ class ResultQueue:
         self._watcher: threading.Thread | None = None
         self._last_watched: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self._taking = threading.RLock()  # a result's finish may take again (a cancelled receive)
         self._scratch = _TakeScratch()
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -250,8 +258,13 @@ class ResultQueue:
                 pass
         except (BlockingIOError, InterruptedError):
             pass
+        # One thread at a time takes and hands over: results of one stream that two threads took
+        # in two batches must reach its buffer in their order.
+        with self._taking:
+            self._take_all()
+
+    def _take_all(self) -> None:
         ffi, lib = _native.load()
-        null, uintptr = ffi.NULL, ffi.typeof("uintptr_t")
         scratch = self._scratch
         results, count, memory = scratch.results, scratch.count, scratch.memory
         while True:
@@ -259,18 +272,46 @@ class ResultQueue:
             n = count[0]
             if n == 0:
                 return
-            batch: list[tuple[int, int, str, bytes | None]] = []
             try:
-                for i in range(n):
-                    r = results[i]
-                    body = ffi.buffer(r.data, r.len)[:] if r.data != null else None
-                    detail = _native.text(r.text) if r.text != null else ""
-                    batch.append((int(ffi.cast(uintptr, r.closure)), r.status, detail, body))
+                batch = _unpack_results(ffi, ffi.buffer(results, n * _RESULT.size), memory[0])
             finally:
                 lib.cn_free(memory[0])
             _deliver_all(batch)
             if n < TAKE_BATCH:
                 return
+
+
+_RESULT = struct.Struct("@PiPPN")
+"""cn_result as laid out in memory (closure, status, text, data, len): read as integers in one go,
+far cheaper than a cffi attribute read per field. Checked against the header on first use."""
+
+
+def _unpack_results(ffi: Any, raw: Any, memory: Any) -> list[tuple[int, int, str, bytes | None]]:
+    """(token, status, text, body) of each cn_result in raw. The texts and bodies lie back to back
+    in memory, in the order of the results: copied in one piece, then sliced."""
+    records = list(_RESULT.iter_unpack(raw))
+    base = int(ffi.cast("uintptr_t", memory))
+    end = base
+    for _, _, text, data, length in reversed(records):  # the last result with a text or a body
+        if data:
+            end = data + length
+            break
+        if text:
+            end = text + len(ffi.string(ffi.cast("char *", text))) + 1
+            break
+    block = ffi.buffer(memory, end - base)[:] if end > base else b""
+    batch: list[tuple[int, int, str, bytes | None]] = []
+    for token, status, text, data, length in records:
+        detail = ""
+        if text:
+            at = text - base
+            detail = block[at : block.index(b"\0", at)].decode("utf-8", "replace")
+        if data:
+            at = data - base
+            batch.append((token, status, detail, block[at : at + length]))
+        else:
+            batch.append((token, status, detail, None))
+    return batch
 
 
 class _Results:

@@ -1,15 +1,21 @@
-"""Messages of process channels taken ahead from the library, one call for many.
+"""Receives on process channels: streams from the library, and messages kept here until taken.
 
-When a receive on a process channel finds a message waiting, the channel has a backlog, and the
-receives after it would each cross into the library for one message. Instead, the layer takes up
-to PREFETCH more in one call (cn_receive_many) and keeps them here, each with the moment it would
-have expired in its mailbox. Receives take from here first.
+A receive that would cross into the library once per message costs a call, an operation handle
+and a completion per message. Instead, a process channel that must wait gets a stream
+(cn_receive_stream): the library hands over each of the channel's next CREDIT messages as a result
+of the process's result queue as it arrives, with no call per message. A message that finds a
+receive waiting goes straight to it; one that finds none waits here in the channel's buffer. When
+fewer than TOP_UP of the credit are left and a receive must wait, another stream is started.
 
-Nothing is lost or kept past its time: a buffer whose oldest message expired, a buffer nobody
-took from for IDLE seconds, and every buffer at flush or close go back to the library
-(cn_put_back_many) with the time each message has left, where mailbox rules apply again (expiry
-counted in the stats, idle reclaim). Plain channels are never buffered here: their messages
-belong to whichever process of the queue group receives first.
+A receive that finds a backlog in the mailbox instead (a stream starts only on an empty mailbox)
+takes up to PREFETCH messages in one call (cn_receive_many) into the buffer.
+
+Nothing is lost or kept past its time: each buffered message carries the moment it would have
+expired in its mailbox. A buffer whose oldest message expired, a buffer that no receive waited on
+or took from for IDLE seconds, and every buffer at flush or close stop their streams and go back
+to the library (cn_put_back_many) with the time each message has left, where mailbox rules apply
+again (expiry counted in the stats, idle reclaim). Plain channels are never buffered here: their
+messages belong to whichever process of the queue group receives first.
 """
 
 from __future__ import annotations
@@ -19,69 +25,244 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from . import _native
+from . import _bridge, _native
 
 PREFETCH = 64
-"""Messages taken ahead per call."""
+"""Messages taken ahead per cn_receive_many call."""
+
+CREDIT = 16
+"""Messages a stream may hand over."""
+
+TOP_UP = 4
+"""A receive that must wait starts another stream when less credit than this is left."""
 
 IDLE = 1.0
-"""Seconds a buffer may go untouched before its messages go back to the library."""
+"""Seconds a buffer may go without a waiting receive or a take before it goes back."""
 
 _RECORD = struct.Struct("<II")  # body length, milliseconds left: the block format of the header
 
+Item = tuple[float, bytes]
+"""A buffered message: (expiry deadline on the monotonic clock, body)."""
+
+
+class Retry:
+    """Wakes a waiting receive whose stream was stopped (flush): it starts again."""
+
+
+RETRY = Retry()
+
 
 class _Buffer:
-    __slots__ = ("items", "touched")
+    __slots__ = ("channel", "items", "owed", "sink", "streams", "touched", "waiters")
 
-    def __init__(self, now: float) -> None:
-        self.items: deque[tuple[float, bytes]] = deque()  # (expiry deadline on the monotonic clock, body)
+    def __init__(self, channel: str, now: float) -> None:
+        self.channel = channel
+        self.items: deque[Item] = deque()
         self.touched = now
+        self.waiters: deque[asyncio.Future[Item | Retry]] = deque()
+        self.owed = 0  # stream results still to come
+        self.streams: list[int] = []  # handles of the streams that may have credit left
+        self.sink: _StreamSink | None = None  # registered while streams run or results are owed
+
+
+class _StreamSink(_bridge.Pending):
+    """Takes the results of one channel's streams (one token for all of them)."""
+
+    __slots__ = ("buffer", "owner")
+    once = False
+
+    def __init__(self, owner: ReceiveBuffers, buffer: _Buffer) -> None:
+        self.owner = owner
+        self.buffer = buffer
+        self.register()
+
+    def finish(self, status: int, detail: str, body: bytes | None) -> None:
+        """A message for the longest-waiting receive, else for the buffer; or the error that
+        ended the streams. Runs on whichever thread took the result."""
+        owner, buffer = self.owner, self.buffer
+        if status != _native.OK or body is None:
+            owner.ended(buffer, _native.error_for(status, detail))
+            return
+        now = time.monotonic()
+        item = (now + (int(detail) / 1000 if detail else owner.expiry), body)
+        with owner.lock:
+            buffer.owed -= 1
+            buffer.touched = now
+            waiters = buffer.waiters
+            while waiters:
+                waiter = waiters.popleft()
+                if not waiter.done():
+                    break
+            else:
+                buffer.items.append(item)
+                return
+        if waiter.get_loop() is asyncio._get_running_loop():  # pyright: ignore[reportPrivateUsage]
+            waiter.set_result(item)  # the common case: taken on the loop that waits
+        else:
+            owner.hand_over(buffer, item, front=False, waiter=waiter)
 
 
 class ReceiveBuffers:
-    """The receive buffers of one client, shared by every loop and thread that uses it."""
+    """The streams and buffers of one client, shared by every loop and thread that uses it."""
 
-    def __init__(self, client: int) -> None:
-        self._client = client
-        self._buffers: dict[str, _Buffer] = {}
-        self._lock = threading.Lock()
+    def __init__(self, client: int, expiry: float) -> None:
+        self.client = client
+        self.expiry = expiry
+        self.by_channel: dict[str, _Buffer] = {}
+        """Channels with a buffer; every name in it was validated by a receive."""
+        self.lock = threading.Lock()
         self._sweeper: asyncio.AbstractEventLoop | None = None  # the loop the idle sweep runs on
+        self._watched: asyncio.AbstractEventLoop | None = None  # the last loop that waited
         ffi, _ = _native.load()
         self._local = threading.local()
         self._ffi = ffi
 
     def take(self, channel: str) -> bytes | None:
         """The next buffered message of channel, or None (nothing buffered, or it expired: the
-        buffer then went back to the library, which drops and counts what expired).
+        library then counts and drops what expired).
 
         No lock: deque.popleft() hands each message to exactly one caller, also against a
         sweep on another thread."""
-        buffer = self._buffers.get(channel)
-        if buffer is None:
+        buffer = self.by_channel.get(channel)
+        if buffer is None or not buffer.items:
             return None
         try:
             deadline, body = buffer.items.popleft()
         except IndexError:
-            return None  # an empty buffer stays until the sweep
+            return None  # another thread took the last one
         now = time.monotonic()
         if deadline > now:
             buffer.touched = now
             return body
         buffer.items.appendleft((deadline, body))
-        with self._lock:
-            if self._buffers.get(channel) is buffer:
-                del self._buffers[channel]
-        self._give_back(channel, buffer)
+        self._drop_expired(buffer)
         return None
+
+    def _drop_expired(self, buffer: _Buffer) -> None:
+        """Returns the expired messages at the front of buffer to the library, which counts and
+        drops them; the rest stay (giving them back would hand them to the channel's stream,
+        which brings them here again)."""
+        now = time.monotonic()
+        expired = _Buffer(buffer.channel, now)
+        with self.lock:
+            while buffer.items and buffer.items[0][0] <= now:
+                expired.items.append(buffer.items.popleft())
+        self._give_back(buffer.channel, expired)
+
+    def next(self, channel: str, loop: asyncio.AbstractEventLoop) -> bytes | asyncio.Future[Item | Retry] | None:
+        """The next message of a process channel if it is here already, else a future of it that
+        the channel's stream completes (RETRY: start again); None when no stream can start (the
+        channel's subscription is not ready): the caller receives the classic way."""
+        while True:
+            with self.lock:
+                buffer = self.by_channel.get(channel)
+                if buffer is None:
+                    buffer = self._new_buffer_locked(channel, loop)
+                items = buffer.items
+                started = _native.PENDING
+                if items:
+                    now = time.monotonic()
+                    if items[0][0] > now:
+                        buffer.touched = now
+                        return items.popleft()[1]
+                    started = -1  # its front expired
+                elif buffer.owed < TOP_UP:
+                    started = self._start_stream_locked(buffer)
+                if started == _native.PENDING:
+                    waiter: asyncio.Future[Item | Retry] = loop.create_future()
+                    buffer.waiters.append(waiter)
+                    break
+            if started == _native.ILLEGAL_STATE:
+                return None
+            if started == _native.OK:  # a backlog in the mailbox: a stream starts only on an empty one
+                self.fill(channel)
+            else:
+                self._drop_expired(buffer)
+        if loop is not self._watched:
+            _bridge.results().watch(loop)
+            self._watched = loop
+        return waiter
+
+    def _new_buffer_locked(self, channel: str, loop: asyncio.AbstractEventLoop) -> _Buffer:
+        buffer = self.by_channel[channel] = _Buffer(channel, time.monotonic())
+        buffer.sink = _StreamSink(self, buffer)
+        if self._sweeper is None or self._sweeper.is_closed():  # none, or died with its loop
+            self._sweeper = loop
+            loop.call_later(IDLE, self._sweep)
+        return buffer
+
+    def _start_stream_locked(self, buffer: _Buffer) -> int:
+        """cn_receive_stream for buffer's channel: PENDING (started), OK (messages are waiting)
+        or ILLEGAL_STATE (not subscribed yet); raises for anything else."""
+        _, lib = _native.load()
+        complete, _ = _bridge.callbacks()
+        assert buffer.sink is not None  # a buffer in by_channel has its sink
+        out = self._out()
+        status = lib.cn_receive_stream(
+            self.client, buffer.channel.encode(), CREDIT, complete, buffer.sink.closure(), out.op
+        )
+        if status == _native.PENDING:
+            buffer.owed += CREDIT
+            # Streams run one after another, and one starts only when the last has less than
+            # TOP_UP left: the one before the last has none.
+            buffer.streams = [*buffer.streams[-1:], int(out.op[0])]
+        elif status not in (_native.OK, _native.ILLEGAL_STATE):
+            _native.check(status)
+        return status
+
+    def withdraw(self, channel: str, waiter: asyncio.Future[Item | Retry]) -> None:
+        """A waiting receive was cancelled: a message it got anyway goes back to the front."""
+        buffer = self.by_channel.get(channel)
+        if buffer is None:
+            return
+        with self.lock:
+            try:
+                buffer.waiters.remove(waiter)
+            except ValueError:
+                pass
+        if waiter.done() and not waiter.cancelled():
+            got = waiter.result()
+            if not isinstance(got, Retry):
+                self.hand_over(buffer, got, front=True)
+
+    def ended(self, buffer: _Buffer, error: BaseException) -> None:
+        """The channel's streams ended with error (the client closed): so do its receives."""
+        with self.lock:
+            buffer.owed, buffer.streams = 0, []
+            waiters = list(buffer.waiters)
+            buffer.waiters.clear()
+        for waiter in waiters:
+            _settle(waiter, None, error, None)
+
+    def hand_over(
+        self, buffer: _Buffer, item: Item, front: bool, waiter: asyncio.Future[Item | Retry] | None = None
+    ) -> None:
+        """Gives item to waiter, or to the longest-waiting receive that can still take it, else to
+        the buffer: at its end, or at its front when it comes back from a receive that could not
+        take it (cancelled meanwhile, or its loop closed)."""
+        if waiter is None:
+            with self.lock:
+                while buffer.waiters:
+                    waiter = buffer.waiters.popleft()
+                    if not waiter.done() and not waiter.get_loop().is_closed():
+                        break
+                else:
+                    if front:
+                        buffer.items.appendleft(item)
+                    else:
+                        buffer.items.append(item)
+                    return
+        _settle(waiter, item, None, lambda: self.hand_over(buffer, item, front=True))
 
     def fill(self, channel: str) -> None:
         """Takes what else waits in channel's mailbox into its buffer (after a receive found a
         message waiting)."""
         ffi, lib = _native.load()
         out = self._out()
-        _native.check(lib.cn_receive_many(self._client, channel.encode(), PREFETCH, out.block, out.len, out.count))
+        _native.check(lib.cn_receive_many(self.client, channel.encode(), PREFETCH, out.block, out.len, out.count))
         count = out.count[0]
         if count == 0:
             return
@@ -90,46 +271,74 @@ class ReceiveBuffers:
             block = ffi.buffer(out.block[0], out.len[0])[:]
         finally:
             lib.cn_free(out.block[0])
-        records: list[tuple[float, bytes]] = []
+        records: list[Item] = []
         at = 0
         for _ in range(count):
             size, left_ms = _RECORD.unpack_from(block, at)
             at += _RECORD.size
             records.append((now + left_ms / 1000, block[at : at + size]))
             at += size
-        with self._lock:
-            buffer = self._buffers.get(channel)
+        with self.lock:
+            buffer = self.by_channel.get(channel)
             if buffer is None:
-                buffer = self._buffers[channel] = _Buffer(now)
+                buffer = self._new_buffer_locked(channel, asyncio.get_running_loop())
             buffer.items.extend(records)
             buffer.touched = now
-            loop = asyncio.get_running_loop()
-            schedule = self._sweeper is None or self._sweeper.is_closed()  # none, or died with its loop
-            if schedule:
-                self._sweeper = loop
-        if schedule:
-            loop.call_later(IDLE, self._sweep)
 
-    def give_back_all(self) -> None:
-        """Every buffered message goes back to the library (flush, close)."""
-        with self._lock:
-            buffers, self._buffers = self._buffers, {}
-        for channel, buffer in buffers.items():
-            self._give_back(channel, buffer)
+    def give_back_all(self, error: BaseException | None = None) -> None:
+        """Every stream stops and every buffered message goes back to the library (flush, close).
+        Waiting receives start again, or end with error."""
+        with self.lock:
+            buffers = list(self.by_channel.values())
+        for buffer in buffers:
+            self._stop_streams(buffer)
+            with self.lock:
+                waiters = list(buffer.waiters)
+                buffer.waiters.clear()
+            for waiter in waiters:
+                _settle(waiter, None if error else RETRY, error, None)
+            self._give_back(buffer.channel, buffer)
 
     def _sweep(self) -> None:
-        """Returns the buffers nobody took from for IDLE seconds; runs again while any is left."""
+        """Returns the buffers nobody waited on or took from for IDLE seconds, and forgets those
+        with nothing left; runs again while any is left."""
         now = time.monotonic()
-        with self._lock:
-            idle = [channel for channel, buffer in self._buffers.items() if now - buffer.touched >= IDLE]
-            stale = [(channel, self._buffers.pop(channel)) for channel in idle]
-            again = bool(self._buffers)
+        with self.lock:
+            idle = [b for b in self.by_channel.values() if not b.waiters and now - b.touched >= IDLE]
+        for buffer in idle:
+            self._stop_streams(buffer)
+            self._give_back(buffer.channel, buffer)
+        with self.lock:
+            for buffer in idle:
+                if not buffer.waiters and not buffer.items and buffer.owed <= 0:
+                    del self.by_channel[buffer.channel]
+                    if buffer.sink is not None:
+                        buffer.sink.forget()
+                        buffer.sink = None
+            again = bool(self.by_channel)
             if not again:
                 self._sweeper = None
-        for channel, buffer in stale:
-            self._give_back(channel, buffer)
         if again:
             asyncio.get_running_loop().call_later(IDLE, self._sweep)
+
+    def _stop_streams(self, buffer: _Buffer) -> None:
+        """Stops buffer's streams; afterwards buffer.owed counts the results still on their way."""
+        with self.lock:
+            streams, buffer.streams = buffer.streams, []
+        if not streams or _native.forked():
+            return
+        ffi, lib = _native.load()
+        unused = ffi.new("uint32_t *")
+        for op in streams:
+            status = lib.cn_stream_stop(self.client, op, unused)
+            if status == _native.OK:
+                with self.lock:
+                    buffer.owed -= unused[0]
+            elif status == _native.CLOSED:  # the client closed: its streams ended with it
+                with self.lock:
+                    buffer.owed = 0
+            elif status != _native.NOT_PENDING:
+                _native.check(status)
 
     def _give_back(self, channel: str, buffer: _Buffer) -> None:
         now = time.monotonic()
@@ -144,7 +353,7 @@ class ReceiveBuffers:
             return
         block = b"".join(records)
         _, lib = _native.load()
-        status = lib.cn_put_back_many(self._client, channel.encode(), block, len(block))
+        status = lib.cn_put_back_many(self.client, channel.encode(), block, len(block))
         if status not in (_native.OK, _native.CLOSED):  # a closed client has no mailboxes left
             _native.check(status)
 
@@ -155,10 +364,39 @@ class ReceiveBuffers:
         return out
 
 
+def _settle(
+    waiter: asyncio.Future[Any], value: Any, error: BaseException | None, unwanted: Callable[[], None] | None
+) -> None:
+    """Completes waiter on its own loop; calls unwanted instead when it can no longer take value
+    (it was cancelled meanwhile, or its loop is gone)."""
+    loop = waiter.get_loop()
+    if asyncio._get_running_loop() is loop:  # pyright: ignore[reportPrivateUsage]
+        _complete(waiter, value, error, unwanted)
+        return
+    try:
+        loop.call_soon_threadsafe(_complete, waiter, value, error, unwanted)
+    except RuntimeError:  # its loop is closed
+        if unwanted is not None:
+            unwanted()
+
+
+def _complete(
+    waiter: asyncio.Future[Any], value: Any, error: BaseException | None, unwanted: Callable[[], None] | None
+) -> None:
+    if waiter.done():  # cancelled meanwhile
+        if unwanted is not None:
+            unwanted()
+    elif error is not None:
+        waiter.set_exception(error)
+    else:
+        waiter.set_result(value)
+
+
 class _Out:
-    """cn_receive_many's out-parameters, one set per thread."""
+    """Out-parameters for the library, one set per thread."""
 
     def __init__(self, ffi: Any) -> None:
         self.block = ffi.new("uint8_t **")
         self.len = ffi.new("size_t *")
         self.count = ffi.new("size_t *")
+        self.op = ffi.new("cn_op *")

@@ -73,7 +73,7 @@ class _Connecting(_bridge.Pending):
             if layer._connecting is self:  # pyright: ignore[reportPrivateUsage]
                 layer._connecting = None  # pyright: ignore[reportPrivateUsage]
                 if status == _native.OK:
-                    layer._buffers = _buffers.ReceiveBuffers(self.client)  # pyright: ignore[reportPrivateUsage]
+                    layer._buffers = _buffers.ReceiveBuffers(self.client, layer.expiry)  # pyright: ignore[reportPrivateUsage]
                     layer._client = self.client  # pyright: ignore[reportPrivateUsage]
             waiters, self.waiters = self.waiters, []
         for inbox, future in waiters:
@@ -233,13 +233,30 @@ class NatsChannelLayer(BaseChannelLayer):
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
         buffers = self._buffers
-        if buffers is not None and type(channel) is str:  # only names received on before are buffered
-            buffered = buffers.take(channel)
+        if buffers is not None and type(channel) is str and channel in buffers.by_channel:
+            buffered = buffers.take(channel)  # a channel with a buffer was checked before
             if buffered is not None:
                 return msgpack.unpackb(buffered, raw=False)
-        self.require_valid_channel_name(channel)
+        else:
+            self.require_valid_channel_name(channel)
         client = self._client or await self._connection()
         buffers = self._buffers
+        if buffers is not None and "!" in channel:
+            loop = asyncio.get_running_loop()
+            while True:
+                got = buffers.next(channel, loop)
+                if got is None:
+                    break  # no stream yet: the classic receive below subscribes
+                if type(got) is bytes:
+                    return msgpack.unpackb(got, raw=False)
+                assert isinstance(got, asyncio.Future)
+                try:
+                    item = await got
+                except asyncio.CancelledError:
+                    buffers.withdraw(channel, got)
+                    raise
+                if not isinstance(item, _buffers.Retry):
+                    return msgpack.unpackb(item[1], raw=False)
         ffi, lib = _native.load()
         complete, _ = _bridge.callbacks()
         name = channel.encode()
@@ -335,8 +352,8 @@ class NatsChannelLayer(BaseChannelLayer):
             client = attempt.client  # abandon the connect in progress
         if not client or _native.forked():
             return  # a forked child cannot reach its parent's client: there is nothing to close
-        if buffers is not None:
-            buffers.give_back_all()  # the close accounts for them with the mailboxes
+        if buffers is not None:  # the close accounts for buffered messages with the mailboxes
+            buffers.give_back_all(_native.ChannelLayerClosed("channels_nats: the layer is closed"))
         _, lib = _native.load()
         complete, _ = _bridge.callbacks()
         done = _bridge.Completion()
