@@ -14,7 +14,9 @@ sender's process is expected to deliver.
 
 "reference" (PyPI channels-nats 0.10.x on nats-py) runs daphne inside the trixie root
 (build/reference/root, /opt/ref/bin/python) with /proc bind-mounted meanwhile; daphne is
-pip-installed there on first use. The servers (nats, redis) are the caller's.
+pip-installed there on first use. With --in-root the other layers run there too, on the same
+interpreter, from the venv bench/layers-env.sh made (/opt/layers, this tree's package in
+/opt/layers-src). The servers (nats, redis) are the caller's.
 
 Progress goes to stderr; the last stdout line is one JSON object:
 {"scenario": "memory", "layer": ..., "params": {...}, "metrics": {...}}.
@@ -51,6 +53,8 @@ REFERENCE_ROOT = REPO / "build" / "reference" / "root"
 APP_IN_ROOT = "/opt/bench_memory_app"
 PYTHON_IN_ROOT = "/opt/ref/bin/python"
 PIP_IN_ROOT = "/opt/ref/bin/pip"
+LAYERS_PYTHON_IN_ROOT = "/opt/layers/bin/python"
+LAYERS_SRC_IN_ROOT = "/opt/layers-src"
 DAPHNE_SPEC = "daphne==4.2.3"
 ROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 LAYERS = ("nats", "redis", "redis-pubsub", "inmemory", "reference")
@@ -168,20 +172,53 @@ def host_command(args: argparse.Namespace, port: int) -> tuple[list[str], dict[s
     return argv, env
 
 
-def reference_command(args: argparse.Namespace, port: int) -> list[str]:
-    env = {"PYTHONPATH": APP_IN_ROOT, "BENCH_LAYER": "reference", "BENCH_NATS": args.nats}
-    daphne = [PYTHON_IN_ROOT, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port), "asgi:application"]
+def root_command(args: argparse.Namespace, port: int) -> list[str]:
+    """daphne inside the root: the reference's venv for it, the layers' venv for the others."""
+    env = {"PYTHONPATH": APP_IN_ROOT, "BENCH_LAYER": args.layer, "BENCH_NATS": args.nats, "BENCH_REDIS": args.redis}
+    python = PYTHON_IN_ROOT
+    if args.layer != "reference":
+        python = LAYERS_PYTHON_IN_ROOT
+        env["PYTHONPATH"] += f":{LAYERS_SRC_IN_ROOT}"
+        env["CHANNELS_NATS_LIBRARY"] = f"{LAYERS_SRC_IN_ROOT}/libchannels_nats.so"
+    daphne = [python, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port), "asgi:application"]
     return in_root(daphne, env)
+
+
+def copy_app_into_root() -> None:
+    target = REFERENCE_ROOT / APP_IN_ROOT.lstrip("/")
+    target.mkdir(parents=True, exist_ok=True)
+    for name in APP_FILES:
+        shutil.copy2(APP_DIR / name, target / name)
+
+
+def prepare_layers_in_root(layer: str) -> dict[str, str]:
+    """Copy the app into the root for a layer other than the reference; returns versions found
+    in the layers' venv (made by bench/layers-env.sh)."""
+    if not (REFERENCE_ROOT / LAYERS_PYTHON_IN_ROOT.lstrip("/")).is_symlink():
+        raise RuntimeError("no /opt/layers venv in the root: run bench/layers-env.sh (as root)")
+    copy_app_into_root()
+    probe = (
+        "import importlib.metadata as m, platform; "
+        "print(m.version('daphne'), m.version('channels'), m.version('channels-redis'), platform.python_version())"
+    )
+    check = subprocess.run(in_root([LAYERS_PYTHON_IN_ROOT, "-c", probe]), capture_output=True, text=True, timeout=60)
+    if check.returncode != 0:
+        raise RuntimeError(f"the layers' venv in the root does not work: {check.stderr.strip()}")
+    daphne_v, channels_v, redis_v, python_v = check.stdout.split()
+    versions = {"daphne": daphne_v, "channels": channels_v, "python_version": python_v}
+    if layer.startswith("redis"):
+        versions["layer_version"] = redis_v
+    elif layer == "nats":
+        describe = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True)
+        versions["layer_version"] = "tree " + describe.stdout.decode().strip()
+    return versions
 
 
 def prepare_reference() -> dict[str, str]:
     """Copy the app into the root and make sure daphne is there; returns versions found."""
     if not (REFERENCE_ROOT / "opt" / "ref" / "pyvenv.cfg").is_file():
         raise RuntimeError("no reference root: run python/tests/interop/make-reference-env.sh (as root)")
-    target = REFERENCE_ROOT / APP_IN_ROOT.lstrip("/")
-    target.mkdir(parents=True, exist_ok=True)
-    for name in APP_FILES:
-        shutil.copy2(APP_DIR / name, target / name)
+    copy_app_into_root()
     probe = (
         "import daphne, channels, channels_nats; "
         "print(daphne.__version__, channels.__version__, channels_nats.__version__)"
@@ -328,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=50, help="WebSocket handshakes in flight")
     parser.add_argument("--timeout", type=float, default=20.0, help="per-connection and delivery timeout")
     parser.add_argument("--start-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--in-root", action="store_true", help="run every layer in the reference root (see bench/layers-env.sh)"
+    )
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the daphne logs here (default: discarded)")
     args = parser.parse_args(argv)
 
@@ -345,20 +385,25 @@ def main(argv: list[str] | None = None) -> int:
     peer: ModuleType | None = None
     proc_acquired = False
     try:
-        if args.layer == "reference":
+        in_the_root = args.layer == "reference" or args.in_root
+        if in_the_root:
             peer = load_peer_module()
             peer.acquire_proc(REFERENCE_ROOT)
             proc_acquired = True
+        if args.layer == "reference":
             versions = prepare_reference()
             python_version = "3.13 (reference root)"
+        elif in_the_root:
+            versions = prepare_layers_in_root(args.layer)
+            python_version = f"{versions.pop('python_version')} (reference root)"
         else:
             versions = host_versions(args.layer)
             python_version = platform.python_version()
         for i in range(args.procs):
             port = free_port()
             logfile = workdir / f"daphne-{i}.log"
-            if args.layer == "reference":
-                servers.append(Server(reference_command(args, port), None, port, logfile, nofile))
+            if in_the_root:
+                servers.append(Server(root_command(args, port), None, port, logfile, nofile))
             else:
                 command, env = host_command(args, port)
                 servers.append(Server(command, env, port, logfile, nofile))

@@ -36,6 +36,12 @@ NATS_SERVER = BUILD / "nats-server"
 RAW = BUILD / "bench" / "rawnats"
 MEMORY = BENCH / "memory.py"
 ROOT = BUILD / "reference" / "root"
+# Every Python layer but the reference runs in the root too, on the same interpreter as the
+# reference (bench/layers-env.sh makes the venv and copies this tree's package there).
+LAYERS_PY = "/opt/layers/bin/python"
+LAYERS_SRC = "/opt/layers-src"
+LAYERS_ENV = {"PYTHONPATH": LAYERS_SRC, "CHANNELS_NATS_LIBRARY": f"{LAYERS_SRC}/libchannels_nats.so"}
+PYTHON_LAYERS = ("nats", "redis", "redis-pubsub", "inmemory")
 ROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 
 ALL_SCENARIOS = ("fanout", "saturation", "pingpong", "throughput", "connections", "memory")
@@ -77,8 +83,17 @@ def output(cmd: list[str], **kwargs: Any) -> str:
         return f"unavailable ({exc.__class__.__name__})"
 
 
-def in_root(args: list[str]) -> list[str]:
-    return ["env", "-i", *(f"{k}={v}" for k, v in ROOT_ENV.items()), "chroot", str(ROOT), *args]
+def in_root(args: list[str], env: dict[str, str] | None = None) -> list[str]:
+    envs = {**ROOT_ENV, **(env or {})}
+    return ["env", "-i", *(f"{k}={v}" for k, v in envs.items()), "chroot", str(ROOT), *args]
+
+
+class Where:
+    """Where the Python layers other than the reference run: in the root (the reference's
+    interpreter), or on the host's venv when the root cannot be had."""
+
+    in_root = False
+    why_host = "not set up"
 
 
 # --- prerequisites ----------------------------------------------------------------------------
@@ -122,11 +137,18 @@ def setup(args: argparse.Namespace, layers: set[str]) -> dict[str, str]:
             )
         if not ok:
             missing["redis"] = missing["redis-pubsub"] = "apt-get install redis-server failed"
-    if "reference" in layers:
-        say("reference environment (python/tests/interop/make-reference-env.sh)")
+    if layers & {"reference", *PYTHON_LAYERS}:
+        say("reference root (python/tests/interop/make-reference-env.sh)")
         script = str(REPO / "python/tests/interop/make-reference-env.sh")
         if subprocess.run(["bash", script], cwd=REPO, stdout=sys.stderr).returncode:
             missing["reference"] = "make-reference-env.sh failed (see its output)"
+            Where.why_host = "the reference root could not be made"
+    if layers & set(PYTHON_LAYERS) and "reference" not in missing:
+        say("the Python layers' venv in the root (bench/layers-env.sh)")
+        if subprocess.run(["bash", str(BENCH / "layers-env.sh")], cwd=REPO, stdout=sys.stderr).returncode:
+            Where.why_host = "bench/layers-env.sh failed (see its output)"
+        else:
+            Where.in_root = True
     if "raw" in layers:
         say("go build -o build/bench/rawnats ./bench/rawnats")
         if not (BENCH / "rawnats").is_dir():
@@ -205,9 +227,11 @@ class ProcMount:
         self.mounted = True
 
     def release(self) -> None:
-        if self.mounted:
+        # memory.py takes a mount it finds with nobody inside the root for a leftover, and
+        # replaces it with its own: ours may be gone already.
+        if self.mounted and subprocess.run(["mountpoint", "-q", str(ROOT / "proc")]).returncode == 0:
             subprocess.run(["umount", str(ROOT / "proc")])
-            self.mounted = False
+        self.mounted = False
 
 
 # --- the runs ---------------------------------------------------------------------------------
@@ -258,12 +282,14 @@ def command(scenario: str, params: dict[str, Any], layer: str, servers: Servers)
         return [str(RAW), "-scenario", scenario, "-nats", url, *raw_flags]
     if scenario == "memory":
         where = "--redis" if layer.startswith("redis") else "--nats"
-        return [str(VENV_PY), str(MEMORY), "--layer", layer, where, url, *flags]
+        in_root_flag = ["--in-root"] if Where.in_root else []
+        return [str(VENV_PY), str(MEMORY), "--layer", layer, where, url, *in_root_flag, *flags]
+    args = ["/opt/bench/scenarios.py", scenario, "--layer", layer, "--url", url, *flags]
     if layer == "reference":
-        return in_root(
-            ["/opt/ref/bin/python", "/opt/bench/scenarios.py", scenario, "--layer", layer, "--url", url, *flags]
-        )
-    return [str(VENV_PY), str(BENCH / "scenarios.py"), scenario, "--layer", layer, "--url", url, *flags]
+        return in_root(["/opt/ref/bin/python", *args])
+    if Where.in_root:
+        return in_root([LAYERS_PY, *args], LAYERS_ENV)
+    return [str(VENV_PY), str(BENCH / "scenarios.py"), *args[1:]]
 
 
 def run_one(cmd: list[str], timeout: float) -> dict[str, Any]:
@@ -336,6 +362,16 @@ def measured(missing: dict[str, str]) -> dict[str, Any]:
         "kernel": platform.release(),
         "unavailable": missing,
     }
+    info["python_layers"] = (
+        output(in_root([LAYERS_PY, "-c", "import platform; print(platform.python_version())"])) + " (reference root)"
+        if Where.in_root
+        else f"{host_py} (host venv: {Where.why_host})"
+    )
+    if Where.in_root:
+        probe_root = "import importlib.metadata as m; print(m.version('channels'), m.version('channels-redis'))"
+        info["channels"], info["channels_redis"] = (output(in_root([LAYERS_PY, "-c", probe_root])).split() + ["?"] * 2)[
+            :2
+        ]
     if "reference" not in missing and ROOT.is_dir():
         show = output(in_root(["/opt/ref/bin/pip", "show", "channels-nats"]))
         info["reference_channels_nats"] = next(
@@ -380,7 +416,8 @@ def markdown(report: dict[str, Any], layers: list[str]) -> str:
         f"Revision `{m['revision']}`; {m['cpu_model']} x {m['cpu_count']};"
         f" channels-nats {m['channels_nats']} (this layer),"
         f" reference channels-nats {m.get('reference_channels_nats', 'n/a')} (Python {m.get('python_root', 'n/a')}),"
-        f" channels {m['channels']}, channels_redis {m['channels_redis']}, Python {m['python_host']},"
+        f" channels {m['channels']}, channels_redis {m['channels_redis']},"
+        f" Python {m.get('python_layers', m['python_host'])} for the other Python layers,"
         f" {m['nats_server']}, {m['redis_server'].split(' sha=')[0]}.",
         f"Repeats per cell: {report['repeats']}; cells are median (min-max). Lower is better for ms and connections,"
         " higher for /s. Ratios are ours/other on the medians.",
@@ -547,7 +584,12 @@ def main() -> None:
 
     servers = Servers(want_redis and "redis" not in missing)
     mount = ProcMount()
-    if "reference" in layers and "reference" not in missing:
+    if args.skip_setup:
+        if (ROOT / LAYERS_PY.lstrip("/")).is_symlink() and (ROOT / LAYERS_SRC.lstrip("/") / "channels_nats").is_dir():
+            Where.in_root = True  # as the last bench/layers-env.sh left it
+        else:
+            Where.why_host = "--skip-setup, and the root has no /opt/layers venv (bench/layers-env.sh)"
+    if ("reference" in layers and "reference" not in missing) or Where.in_root:
         (ROOT / "opt/bench").mkdir(parents=True, exist_ok=True)
         shutil.copy2(BENCH / "scenarios.py", ROOT / "opt/bench/scenarios.py")
         mount.ensure()
@@ -565,6 +607,8 @@ def main() -> None:
                 results.append(entry)
             runs: list[dict[str, Any]] = []
             for repeat in range(args.memory_repeats if scenario == "memory" else args.repeats):
+                if layer == "reference" or (Where.in_root and layer in PYTHON_LAYERS):
+                    mount.ensure()  # again: a memory run takes down the mount it found
                 cmd = command(scenario, params, layer, servers)
                 run = run_one(cmd, args.timeout)
                 runs.append(run)
