@@ -2,13 +2,17 @@
 
 A receive that would cross into the library once per message costs a call, an operation handle
 and a completion per message. Instead, a process channel that must wait gets a stream
-(cn_receive_stream): the library hands over each of the channel's next CREDIT messages as a result
-of the process's result queue as it arrives, with no call per message. A message that finds a
-receive waiting goes straight to it; one that finds none waits here in the channel's buffer. When
-fewer than TOP_UP of the credit are left and a receive must wait, another stream is started.
+(cn_receive_stream): the library hands over each of the channel's next messages, up to the
+stream's credit, as a result of the process's result queue as it arrives, with no call per
+message. A message that finds a receive waiting goes straight to it; one that finds none waits here
+in the channel's buffer. When a stream's credit is used, the next receive that must wait starts
+another.
 
 A receive that finds a backlog in the mailbox instead (a stream starts only on an empty mailbox)
-takes up to PREFETCH messages in one call (cn_receive_many) into the buffer.
+takes up to PREFETCH messages in one call (cn_receive_many) into the buffer: for a backlog that is
+cheaper per message than a stream. So the credit adapts: a channel's first stream has credit 1,
+each next one twice the last, up to CREDIT, while its consumer keeps waiting for messages; once
+one finds no receive waiting, or a backlog is found, it starts again from 1.
 
 Nothing is lost or kept past its time: each buffered message carries the moment it would have
 expired in its mailbox. A buffer whose oldest message expired, a buffer that no receive waited on
@@ -34,10 +38,7 @@ PREFETCH = 64
 """Messages taken ahead per cn_receive_many call."""
 
 CREDIT = 16
-"""Messages a stream may hand over."""
-
-TOP_UP = 4
-"""A receive that must wait starts another stream when less credit than this is left."""
+"""The most messages a stream may hand over."""
 
 IDLE = 1.0
 """Seconds a buffer may go without a waiting receive or a take before it goes back."""
@@ -56,15 +57,16 @@ RETRY = Retry()
 
 
 class _Buffer:
-    __slots__ = ("channel", "items", "owed", "sink", "streams", "touched", "waiters")
+    __slots__ = ("channel", "credit", "items", "owed", "sink", "stream", "touched", "waiters")
 
     def __init__(self, channel: str, now: float) -> None:
         self.channel = channel
         self.items: deque[Item] = deque()
         self.touched = now
         self.waiters: deque[asyncio.Future[Item | Retry]] = deque()
-        self.owed = 0  # stream results still to come
-        self.streams: list[int] = []  # handles of the streams that may have credit left
+        self.owed = 0  # results still to come from the current stream
+        self.stream = 0  # the handle of the current stream, 0 when none runs
+        self.credit = 1  # the next stream's credit
         self.sink: _StreamSink | None = None  # registered while streams run or results are owed
 
 
@@ -98,6 +100,7 @@ class _StreamSink(_bridge.Pending):
                     break
             else:
                 buffer.items.append(item)
+                buffer.credit = 1  # its consumer is busy: a backlog goes the cheaper way
                 return
         if waiter.get_loop() is asyncio._get_running_loop():  # pyright: ignore[reportPrivateUsage]
             waiter.set_result(item)  # the common case: taken on the loop that waits
@@ -169,7 +172,7 @@ class ReceiveBuffers:
                         buffer.touched = now
                         return items.popleft()[1]
                     started = -1  # its front expired
-                elif buffer.owed < TOP_UP:
+                elif buffer.owed <= 0:
                     started = self._start_stream_locked(buffer)
                 if started == _native.PENDING:
                     waiter: asyncio.Future[Item | Retry] = loop.create_future()
@@ -201,15 +204,17 @@ class ReceiveBuffers:
         complete, _ = _bridge.callbacks()
         assert buffer.sink is not None  # a buffer in by_channel has its sink
         out = self._out()
+        credit = buffer.credit
         status = lib.cn_receive_stream(
-            self.client, buffer.channel.encode(), CREDIT, complete, buffer.sink.closure(), out.op
+            self.client, buffer.channel.encode(), credit, complete, buffer.sink.closure(), out.op
         )
         if status == _native.PENDING:
-            buffer.owed += CREDIT
-            # Streams run one after another, and one starts only when the last has less than
-            # TOP_UP left: the one before the last has none.
-            buffer.streams = [*buffer.streams[-1:], int(out.op[0])]
-        elif status not in (_native.OK, _native.ILLEGAL_STATE):
+            buffer.owed += credit
+            buffer.stream = int(out.op[0])
+            buffer.credit = min(CREDIT, credit * 2)
+        elif status == _native.OK:
+            buffer.credit = 1  # a backlog: cn_receive_many takes it
+        elif status != _native.ILLEGAL_STATE:
             _native.check(status)
         return status
 
@@ -231,7 +236,7 @@ class ReceiveBuffers:
     def ended(self, buffer: _Buffer, error: BaseException) -> None:
         """The channel's streams ended with error (the client closed): so do its receives."""
         with self.lock:
-            buffer.owed, buffer.streams = 0, []
+            buffer.owed, buffer.stream = 0, 0
             waiters = list(buffer.waiters)
             buffer.waiters.clear()
         for waiter in waiters:
@@ -291,7 +296,7 @@ class ReceiveBuffers:
         with self.lock:
             buffers = list(self.by_channel.values())
         for buffer in buffers:
-            self._stop_streams(buffer)
+            self._stop_stream(buffer)
             with self.lock:
                 waiters = list(buffer.waiters)
                 buffer.waiters.clear()
@@ -306,7 +311,7 @@ class ReceiveBuffers:
         with self.lock:
             idle = [b for b in self.by_channel.values() if not b.waiters and now - b.touched >= IDLE]
         for buffer in idle:
-            self._stop_streams(buffer)
+            self._stop_stream(buffer)
             self._give_back(buffer.channel, buffer)
         with self.lock:
             for buffer in idle:
@@ -321,24 +326,23 @@ class ReceiveBuffers:
         if again:
             asyncio.get_running_loop().call_later(IDLE, self._sweep)
 
-    def _stop_streams(self, buffer: _Buffer) -> None:
-        """Stops buffer's streams; afterwards buffer.owed counts the results still on their way."""
+    def _stop_stream(self, buffer: _Buffer) -> None:
+        """Stops buffer's stream; afterwards buffer.owed counts the results still on their way."""
         with self.lock:
-            streams, buffer.streams = buffer.streams, []
-        if not streams or _native.forked():
+            stream, buffer.stream = buffer.stream, 0
+        if not stream or _native.forked():
             return
         ffi, lib = _native.load()
         unused = ffi.new("uint32_t *")
-        for op in streams:
-            status = lib.cn_stream_stop(self.client, op, unused)
-            if status == _native.OK:
-                with self.lock:
-                    buffer.owed -= unused[0]
-            elif status == _native.CLOSED:  # the client closed: its streams ended with it
-                with self.lock:
-                    buffer.owed = 0
-            elif status != _native.NOT_PENDING:
-                _native.check(status)
+        status = lib.cn_stream_stop(self.client, stream, unused)
+        if status == _native.OK:
+            with self.lock:
+                buffer.owed -= unused[0]
+        elif status == _native.CLOSED:  # the client closed: its streams ended with it
+            with self.lock:
+                buffer.owed = 0
+        elif status != _native.NOT_PENDING:
+            _native.check(status)
 
     def _give_back(self, channel: str, buffer: _Buffer) -> None:
         now = time.monotonic()
