@@ -39,10 +39,10 @@
  * Threads
  * -------
  * All functions may be called from any thread, concurrently. Callbacks run on threads the
- * library owns. A client delivers received messages from one dispatch thread, in arrival order
- * (a message returned with cn_put_back() may be delivered from another thread). A callback must
- * return quickly: while it runs, this client delivers nothing else. A callback may call any
- * function of this library, with the limits above.
+ * library owns. A client delivers received messages from one dispatch thread, in arrival order;
+ * messages returned with cn_put_back() that go to a waiting receive or stream are delivered from
+ * that thread too, in their order. A callback must return quickly: while it runs, this client
+ * delivers nothing else. A callback may call any function of this library, with the limits above.
  *
  * After cn_close() has returned CN_OK (waiting form) or has called its callback (pending form),
  * no callback of that client runs any more, and the client handle is invalid (CN_CLOSED).

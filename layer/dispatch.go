@@ -11,35 +11,57 @@ import (
 // ChannelHeader is the NATS header that carries the full name of a process channel.
 const ChannelHeader = "Channel"
 
-// handoff is a message given to a waiting receive, delivered after the layer lock is released.
+// handoff is a message given to a waiting receive or stream.
 type handoff struct {
 	w   *waiter
 	msg Message
 }
 
-// routeScratch is reused for every message, so routing allocates nothing. Only the dispatcher
-// goroutine touches it.
-type routeScratch struct {
-	handoffs []handoff
-}
-
-func (sc *routeScratch) reset() {
-	clear(sc.handoffs)
-	sc.handoffs = sc.handoffs[:0]
+// handoffs holds the messages given to waiters, in the order they were given (under the layer
+// lock), until the dispatch goroutine delivers them outside the lock. One goroutine delivering in
+// that order keeps a stream's messages in order, put-backs included (S10, S14).
+type handoffs struct {
+	queued []handoff // guarded by Layer.mu
+	spare  []handoff // the dispatcher's: queued's next backing array, so delivering allocates nothing
 }
 
 // dispatch is the single consumer of every subscription (S10): it validates each frame once and
-// routes it to its mailboxes in arrival order.
+// routes it to its mailboxes in arrival order. It also delivers every handoff.
 func (l *Layer) dispatch() {
 	defer l.routines.Done()
 	for {
 		select {
 		case m := <-l.inbox:
 			l.route(m)
+		case <-l.kick:
 		case <-l.done:
+			l.deliverHandoffs() // given before the close: delivered before its ErrClosed
 			return
 		}
+		l.deliverHandoffs()
 	}
+}
+
+// deliverHandoffs calls the waiters of the queued handoffs, in order. Only the dispatch goroutine
+// calls it.
+func (l *Layer) deliverHandoffs() {
+	l.mu.Lock()
+	batch := l.handoffs.queued
+	l.handoffs.queued = l.handoffs.spare[:0]
+	l.mu.Unlock()
+	if len(batch) > 0 {
+		if l.cfg.Deliveries != nil {
+			l.cfg.Deliveries(true)
+		}
+		for _, h := range batch {
+			h.w.deliver(h.msg, nil)
+		}
+		if l.cfg.Deliveries != nil {
+			l.cfg.Deliveries(false)
+		}
+		clear(batch) // let the bodies be collected
+	}
+	l.handoffs.spare = batch[:0]
 }
 
 func (l *Layer) route(m *nats.Msg) {
@@ -52,8 +74,6 @@ func (l *Layer) route(m *nats.Msg) {
 		return // not ours: cannot happen with the subjects this layer subscribes to
 	}
 	kind, name, _ := strings.Cut(rest, ".")
-	sc := &l.scratch
-	defer sc.reset()
 	var handBack bool
 
 	l.mu.Lock()
@@ -81,11 +101,11 @@ func (l *Layer) route(m *nats.Msg) {
 		if mb == nil {
 			l.countNoMailbox(target)
 		} else {
-			l.enqueue(mb, m.Data, now, sc)
+			l.enqueue(mb, m.Data, now)
 		}
 	case "ch":
 		if mb := l.mailboxes[name]; mb != nil && mb.plain {
-			l.enqueue(mb, m.Data, now, sc)
+			l.enqueue(mb, m.Data, now)
 		} else {
 			handBack = true // it was in flight when the channel was released
 		}
@@ -96,12 +116,12 @@ func (l *Layer) route(m *nats.Msg) {
 		}
 		if queue := m.Sub.Queue; queue != "" {
 			if mb := g.plain[strings.TrimPrefix(queue, l.cfg.Prefix+".ch.")]; mb != nil {
-				l.enqueue(mb, m.Data, now, sc)
+				l.enqueue(mb, m.Data, now)
 			}
 			break
 		}
 		for _, mb := range g.process { // every member shares m.Data; receivers copy (S9)
-			l.enqueue(mb, m.Data, now, sc)
+			l.enqueue(mb, m.Data, now)
 		}
 	}
 	nc := l.nc
@@ -110,26 +130,14 @@ func (l *Layer) route(m *nats.Msg) {
 	if handBack {
 		l.handBack(nc, m.Subject, [][]byte{m.Data})
 	}
-	if len(sc.handoffs) == 0 {
-		return
-	}
-	if l.cfg.Deliveries != nil {
-		l.cfg.Deliveries(true)
-		defer l.cfg.Deliveries(false)
-	}
-	for _, h := range sc.handoffs {
-		h.w.deliver(h.msg, nil)
-	}
 }
 
 // enqueue puts one arrived message into mb, or hands it straight to a waiting receive.
 // l.mu must be held.
-func (l *Layer) enqueue(mb *mailbox, body []byte, now time.Time, sc *routeScratch) {
+func (l *Layer) enqueue(mb *mailbox, body []byte, now time.Time) {
 	mb.activeAt = now
 	if w := mb.takeWaiter(); w != nil {
-		l.readerLeft(mb, now, false)
-		l.counters.delivered.Add(1)
-		sc.handoffs = append(sc.handoffs, handoff{w, Message{Body: body, Channel: mb.name, mb: mb, at: now}})
+		l.handOver(w, Message{Body: body, Channel: mb.name, mb: mb, at: now}, now)
 		return
 	}
 	if len(mb.entries) >= mb.capacity {
@@ -151,6 +159,13 @@ func (l *Layer) enqueue(mb *mailbox, body []byte, now time.Time, sc *routeScratc
 			l.log(LevelWarning, fmt.Sprintf("channels_nats: mailbox for %s has room again after dropping %d message(s)", mb.name, n))
 		}
 	}
+}
+
+// handOver queues msg for w, which takeWaiter returned. l.mu must be held.
+func (l *Layer) handOver(w *waiter, msg Message, now time.Time) {
+	l.readerLeft(msg.mb, now, false)
+	l.counters.delivered.Add(1)
+	l.handoffs.queued = append(l.handoffs.queued, handoff{w, msg})
 }
 
 func (l *Layer) countExpired(n int) {

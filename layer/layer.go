@@ -80,6 +80,7 @@ type Layer struct {
 
 	inbox    chan *nats.Msg // every subscription delivers here, so one dispatcher sees arrival order
 	wake     chan struct{}  // asks housekeeping to look at slow-consumer drops now
+	kick     chan struct{}  // asks the dispatcher to deliver handoffs that PutBack queued
 	done     chan struct{}  // closed by Close: stops the goroutines below
 	routines sync.WaitGroup // dispatcher, housekeeping, recovery
 
@@ -92,7 +93,7 @@ type Layer struct {
 	mailboxes  map[string]*mailbox
 	groups     map[string]*groupMembers
 	subs       map[subKey]*subscription
-	scratch    routeScratch
+	handoffs   handoffs
 }
 
 // counters are the Stats counters that are updated without the layer lock.
@@ -140,6 +141,7 @@ func Connect(ctx context.Context, cfg Config) (*Layer, error) {
 		inbox:     make(chan *nats.Msg, cfg.Connection.PendingMsgsLimit),
 		wake:      make(chan struct{}, 1),
 		done:      make(chan struct{}),
+		kick:      make(chan struct{}, 1),
 		mailboxes: map[string]*mailbox{},
 		groups:    map[string]*groupMembers{},
 		subs:      map[subKey]*subscription{},

@@ -587,17 +587,18 @@ func TestLifecycleReceiveCancelledAfterHandOver(t *testing.T) {
 	r := lcRecvAsync(ctx, a, ch)
 	waitFor(t, 5*time.Second, "the reader", func() bool { return lcWaiters(a, ch) == 1 })
 
-	// Route two arrivals as the dispatcher does, but hold back the hand-over of the first until
-	// the receive's context has ended.
-	var sc routeScratch
+	// Route two arrivals as the dispatcher does, but take the hand-over of the first out of the
+	// dispatcher's queue and hold it back until the receive's context has ended.
 	a.mu.Lock()
 	mb := a.mailboxes[ch]
 	now := time.Now()
-	a.enqueue(mb, lcBody(t, "1"), now, &sc)
-	a.enqueue(mb, lcBody(t, "2"), now, &sc)
+	a.enqueue(mb, lcBody(t, "1"), now)
+	a.enqueue(mb, lcBody(t, "2"), now)
+	held := a.handoffs.queued
+	a.handoffs.queued = nil
 	a.mu.Unlock()
-	if len(sc.handoffs) != 1 {
-		t.Fatalf("%d hand-overs, want 1", len(sc.handoffs))
+	if len(held) != 1 {
+		t.Fatalf("%d hand-overs, want 1", len(held))
 	}
 	cancel()
 	time.Sleep(100 * time.Millisecond) // the receive sees its context end and waits for the hand-over
@@ -606,7 +607,7 @@ func TestLifecycleReceiveCancelledAfterHandOver(t *testing.T) {
 		t.Fatalf("the receive returned before its hand-over was delivered: %q, %v", res.body, res.err)
 	default:
 	}
-	sc.handoffs[0].w.deliver(sc.handoffs[0].msg, nil)
+	held[0].w.deliver(held[0].msg, nil)
 	res := lcAwait(t, r, 2*time.Second, "cancelled receive")
 	if !errors.Is(res.err, context.Canceled) || res.body != nil {
 		t.Fatalf("cancelled receive returned %q, %v; want context.Canceled", res.body, res.err)

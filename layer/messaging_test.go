@@ -852,14 +852,13 @@ func TestMessagingEnqueueReclaimsExpired(t *testing.T) {
 	l := connect(t, cfg)
 	t0 := time.Now()
 	mb := newMailbox("specific.000000000000!unit", 3, t0) // not in l.mailboxes: no sweep sees it
-	sc := &routeScratch{}
 	l.mu.Lock()
 	for i := 0; i < 3; i++ {
-		l.enqueue(mb, []byte{byte(i)}, t0, sc)
+		l.enqueue(mb, []byte{byte(i)}, t0)
 	}
-	l.enqueue(mb, []byte{3}, t0.Add(50*time.Millisecond), sc)
+	l.enqueue(mb, []byte{3}, t0.Add(50*time.Millisecond))
 	afterFull, droppedFull := len(mb.entries), l.counters.capacity.Load()
-	l.enqueue(mb, []byte{4}, t0.Add(250*time.Millisecond), sc)
+	l.enqueue(mb, []byte{4}, t0.Add(250*time.Millisecond))
 	afterReclaim := len(mb.entries)
 	var kept []byte
 	if afterReclaim == 1 {

@@ -287,8 +287,8 @@ func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, err
 }
 
 // StartStream starts a standing receive on channel: each of the next credit messages is handed
-// to deliver as it arrives, in arrival order, from the dispatch goroutine (a message put back may
-// come from another), without a call per message. While it has credit it is first in line for
+// to deliver as it arrives, in arrival order, from the dispatch goroutine, without a call per
+// message. While it has credit it is first in line for
 // the channel's messages; then it ends. Stop ends it earlier; a layer that closes ends it with
 // one call deliver(Message{}, ErrClosed). deliver must not block and must not call Close.
 //
@@ -382,6 +382,7 @@ func (l *Layer) PutBack(msgs ...Message) {
 	now := time.Now()
 	inserted := map[*mailbox]int{} // put-backs of this call already at the front of a mailbox
 	handBack := map[string][][]byte{}
+	handedOver := false
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -413,14 +414,10 @@ func (l *Layer) PutBack(msgs ...Message) {
 			l.countNoMailbox(name)
 		default:
 			if w := mb.takeWaiter(); w != nil {
-				l.readerLeft(mb, now, false)
-				l.counters.delivered.Add(1)
-				l.routines.Add(1)
-				delivered := Message{Body: msg.Body, Channel: name, mb: mb, at: at}
-				go func() { // callbacks run on library goroutines, never on the caller's
-					defer l.routines.Done()
-					w.deliver(delivered, nil)
-				}()
+				// Delivered by the dispatch goroutine, in order with everything else (callbacks
+				// never run on the caller's goroutine).
+				l.handOver(w, Message{Body: msg.Body, Channel: name, mb: mb, at: at}, now)
+				handedOver = true
 			} else {
 				mb.insert(inserted[mb], entry{at, msg.Body})
 				inserted[mb]++
@@ -429,6 +426,12 @@ func (l *Layer) PutBack(msgs ...Message) {
 	}
 	nc := l.nc
 	l.mu.Unlock()
+	if handedOver {
+		select {
+		case l.kick <- struct{}{}:
+		default: // a kick is pending: the dispatcher will see these too
+		}
+	}
 	for subject, bodies := range handBack {
 		l.handBack(nc, subject, bodies)
 	}
