@@ -31,10 +31,12 @@ type stream struct {
 	cb      C.cn_callback
 	closure C.uintptr_t
 
-	mu    sync.Mutex
-	pr    *layer.PendingReceive
-	owed  int  // results still to come: the credit, less what was delivered and what a stop took back
-	ended bool // the last result went out, or nothing more will come
+	mu     sync.Mutex
+	pr     *layer.PendingReceive
+	owed   int   // results still to come: the credit, less what was delivered and what a stop took back
+	ended  bool  // the last result went out, or nothing more will come
+	busy   bool  // a start or a stop is between the layer's answer and ours: an end waits for it
+	closed error // the end that came while busy, for the start or stop to send or drop
 }
 
 // deliver is the layer's callback for the stream's messages.
@@ -58,17 +60,39 @@ func (s *stream) deliver(m layer.Message, err error) {
 	}
 }
 
-// end sends err as the stream's last result, unless it had ended.
+// end sends err as the stream's last result, unless it had ended. While a start or a stop is
+// busy it only notes err: whether the stream ends with it depends on their outcome.
 func (s *stream) end(err error) bool {
 	s.mu.Lock()
-	first := !s.ended
+	if s.ended || s.busy {
+		if !s.ended {
+			s.closed = err
+		}
+		s.mu.Unlock()
+		return false
+	}
 	s.ended = true
 	s.mu.Unlock()
-	if first {
-		s.c.emit(s.cb, s.closure, statusOf(err), errorText(err), nil)
-		s.c.forget(s.id)
+	s.finishWith(err)
+	return true
+}
+
+func (s *stream) finishWith(err error) {
+	s.c.emit(s.cb, s.closure, statusOf(err), errorText(err), nil)
+	s.c.forget(s.id)
+}
+
+// started records the stream's pending receive; an end that came meanwhile is sent now.
+func (s *stream) started(pr *layer.PendingReceive) {
+	s.mu.Lock()
+	s.pr, s.busy = pr, false
+	closed := s.closed
+	send := closed != nil && !s.ended
+	s.ended = s.ended || send
+	s.mu.Unlock()
+	if send {
+		s.finishWith(closed)
 	}
-	return first
 }
 
 // stop ends the stream and returns the credit it had not used (0 when it had ended). The results
@@ -76,17 +100,27 @@ func (s *stream) end(err error) bool {
 func (s *stream) stop() int {
 	s.mu.Lock()
 	pr := s.pr
-	s.mu.Unlock()
-	if pr == nil {
-		return 0 // still starting, or never started: nothing to stop yet
+	if pr == nil || s.busy {
+		s.mu.Unlock()
+		return 0 // still starting, or another stop runs: nothing to stop here
 	}
+	s.busy = true
+	s.mu.Unlock()
 	unused := pr.Stop()
 	s.mu.Lock()
+	s.busy = false
 	s.owed -= unused
-	done := s.owed <= 0 && !s.ended
-	s.ended = s.ended || done
+	// A close that came meanwhile ends the stream only if it got there first (nothing unused):
+	// otherwise the stop took the credit back and the results in flight are all that come.
+	closed := s.closed
+	send := unused == 0 && closed != nil && !s.ended
+	done := s.owed <= 0 && !s.ended && !send
+	s.ended = s.ended || done || send
 	s.mu.Unlock()
-	if done {
+	switch {
+	case send:
+		s.finishWith(closed)
+	case done:
 		s.c.forget(s.id)
 	}
 	return unused
@@ -122,7 +156,7 @@ func cngo_receive_stream(h C.cn_client, channel *C.char, credit C.uint32_t, cb C
 	if err != nil {
 		return fail(err)
 	}
-	s := &stream{id: nextHandle(), c: c, l: l, cb: cb, closure: closure, owed: int(credit)}
+	s := &stream{id: nextHandle(), c: c, l: l, cb: cb, closure: closure, owed: int(credit), busy: true}
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
@@ -141,9 +175,7 @@ func cngo_receive_stream(h C.cn_client, channel *C.char, credit C.uint32_t, cb C
 		}
 		return C.CN_OK // messages are waiting: the host takes them first
 	}
-	s.mu.Lock()
-	s.pr = pr
-	s.mu.Unlock()
+	s.started(pr)
 	if opOut != nil {
 		*opOut = C.cn_op(s.id)
 	}

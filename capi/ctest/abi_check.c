@@ -12,7 +12,9 @@
  * credentials in the error); new_channel names; send + immediate receive; pending receive; a plain
  * channel shared by two clients; group fan-out (one client, two clients); group_discard; cancel
  * before delivery; put_back; receive_many and put_back_many (records parsed, put back, received
- * again; malformed blocks; a waiting receive; 0 ms left); stats; flush; every error status with
+ * again; malformed blocks; a waiting receive; 0 ms left); streams (results in order, stream_stop
+ * with the unused credit, refused arguments, CN_OK when messages wait, one CN_CLOSED at close);
+ * stats; flush; every error status with
  * cn_last_error(); waiting calls refused inside callbacks; cancel of an op never issued; the
  * "specific.<id>!" prefix receive; close abandoning a connect; concurrent threads; result queues
  * (a pipe notify watched with poll(), take, free refused while attached, untaken results
@@ -1043,6 +1045,305 @@ out:
     return ok;
 }
 
+/* ---- streams: cn_receive_stream, cn_stream_stop ------------------------------------------ */
+
+#define STREAM_MAX 16
+
+/* One result of a stream, copied inside the callback. */
+typedef struct {
+    cn_status status;
+    int has_text;
+    char text[128];
+    uint8_t *data; /* malloc'ed copy, freed by stream_rec_destroy */
+    size_t len;
+} stream_item_t;
+
+/* Every call of a stream's callback (the first STREAM_MAX kept). */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int calls;
+    stream_item_t items[STREAM_MAX];
+} stream_rec_t;
+
+static void stream_rec_init(stream_rec_t *s) {
+    pthread_condattr_t ca;
+    memset(s, 0, sizeof *s);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+static void stream_rec_destroy(stream_rec_t *s) {
+    int i;
+    for (i = 0; i < STREAM_MAX; i++) {
+        free(s->items[i].data);
+        s->items[i].data = NULL;
+    }
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+}
+
+static void on_stream(void *closure, cn_status status, const char *text, const uint8_t *data,
+                      size_t len) {
+    stream_rec_t *s = closure;
+    uint8_t *copy = NULL;
+    if (data != NULL && len > 0) {
+        copy = malloc(len);
+        if (copy == NULL) {
+            abort();
+        }
+        memcpy(copy, data, len);
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->calls < STREAM_MAX) {
+        stream_item_t *it = &s->items[s->calls];
+        it->status = status;
+        it->has_text = text != NULL;
+        if (text != NULL) {
+            snprintf(it->text, sizeof it->text, "%s", text);
+        }
+        it->data = copy;
+        it->len = len;
+        copy = NULL;
+    }
+    s->calls++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    free(copy);
+}
+
+/* Waits until the stream had at least n results or timeout_ms ran out; returns the count. */
+static int stream_wait(stream_rec_t *s, int n, long timeout_ms) {
+    struct timespec dl;
+    int calls;
+    timeout_ms *= g_scale;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (s->calls < n) {
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &dl) == ETIMEDOUT) {
+            break;
+        }
+    }
+    calls = s->calls;
+    pthread_mutex_unlock(&s->mu);
+    return calls;
+}
+
+static int stream_calls(stream_rec_t *s) {
+    int n;
+    pthread_mutex_lock(&s->mu);
+    n = s->calls;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* Result i is CN_OK with body b and text NULL (a message that arrived just now). */
+static int stream_item_is(stream_rec_t *s, int i, const body_t *b) {
+    int ok;
+    pthread_mutex_lock(&s->mu);
+    ok = i < s->calls && i < STREAM_MAX && s->items[i].status == CN_OK && !s->items[i].has_text &&
+         s->items[i].data != NULL && s->items[i].len == b->len &&
+         memcmp(s->items[i].data, b->data, b->len) == 0;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+/* Cleanup of a check that failed with a stream still running: stops it and waits for the results
+   of the credit it used, so that no callback outlives the recorder. */
+static void stream_abandon(cn_client c, cn_op op, stream_rec_t *s, uint32_t credit) {
+    uint32_t unused = 0;
+    if (op != 0 && cn_stream_stop(c, op, &unused) == CN_OK) {
+        stream_wait(s, (int)(credit - unused), 5000);
+    }
+}
+
+/* A stream of credit 3: two messages come as two callbacks (CN_OK, text NULL, the bodies in
+   order); cn_stream_stop says CN_OK with 1 unused, then CN_NOT_PENDING; the next message stays in
+   the mailbox. Refused arguments, and the op of a pending receive is not a stream. */
+static int check_stream(char *why) {
+    char ch[128], mark[128], plain[64];
+    body_t bodies[3];
+    msg_t m = {NULL, 0};
+    stream_rec_t s;
+    result_t r;
+    uint8_t *body = NULL;
+    size_t len = 0;
+    cn_op op = 77, rop = 0;
+    uint32_t unused = 77;
+    int ok = 0, i, immediate = 0;
+    char text[32];
+    stream_rec_init(&s);
+    result_init(&r);
+    for (i = 0; i < 3; i++) {
+        snprintf(text, sizeof text, "stream-%d", i);
+        bodies[i] = body_of(text);
+    }
+    snprintf(plain, sizeof plain, "streamplain%ld", (long)getpid());
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    EXPECT_OK(new_channel(A, mark, sizeof mark));
+
+    EXPECT_FAIL(cn_receive_stream(A, ch, 3, NULL, &s, &op), CN_INVALID_ARG);
+    REQUIRE(op == 0, "a refused cn_receive_stream left *op = %llu", (unsigned long long)op);
+    EXPECT_FAIL(cn_receive_stream(A, ch, 0, on_stream, &s, &op), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_receive_stream(A, "bad name", 3, on_stream, &s, &op), CN_INVALID_NAME);
+    EXPECT_FAIL(cn_receive_stream(0, ch, 3, on_stream, &s, &op), CN_INVALID_HANDLE);
+    /* a plain channel never received on: its subscription is not ready */
+    EXPECT_FAIL(cn_receive_stream(A, plain, 3, on_stream, &s, &op), CN_ILLEGAL_STATE);
+    EXPECT_FAIL(cn_stream_stop(A, 1, NULL), CN_INVALID_ARG);
+    EXPECT_FAIL(cn_stream_stop(A, 0, &unused), CN_INVALID_HANDLE);
+    EXPECT_FAIL(cn_stream_stop(A, (cn_op)1 << 60, &unused), CN_INVALID_HANDLE);
+    REQUIRE(unused == 0, "a refused cn_stream_stop left *unused = %u", (unsigned)unused);
+
+    op = 77;
+    EXPECT_ST(cn_receive_stream(A, ch, 3, on_stream, &s, &op), CN_PENDING);
+    REQUIRE(op != 0 && op != 77, "CN_PENDING with op %llu", (unsigned long long)op);
+    REQUIRE(cn_last_error()[0] == '\0', "cn_last_error() is \"%s\" after CN_PENDING",
+            cn_last_error());
+    EXPECT_OK(cn_send(B, ch, bodies[0].data, bodies[0].len, NULL, NULL, NULL));
+    EXPECT_OK(cn_send(B, ch, bodies[1].data, bodies[1].len, NULL, NULL, NULL));
+    REQUIRE(stream_wait(&s, 2, 5000) >= 2, "%d of 2 stream results within 5 s", stream_calls(&s));
+    for (i = 0; i < 2; i++) {
+        REQUIRE(stream_item_is(&s, i, &bodies[i]),
+                "result %d: status %d text %s len %zu, want CN_OK, NULL and stream-%d", i,
+                (int)s.items[i].status, s.items[i].has_text ? s.items[i].text : "NULL",
+                s.items[i].len, i);
+    }
+    unused = 77;
+    EXPECT_OK(cn_stream_stop(A, op, &unused));
+    REQUIRE(unused == 1, "cn_stream_stop after 2 of 3: unused %u, want 1", (unsigned)unused);
+    unused = 77;
+    EXPECT_FAIL(cn_stream_stop(A, op, &unused), CN_NOT_PENDING);
+    REQUIRE(unused == 0, "CN_NOT_PENDING with unused %u, want 0", (unsigned)unused);
+    EXPECT_FAIL(cn_cancel(A, op), CN_NOT_PENDING);
+    op = 0;
+
+    /* the stream has ended: the next message stays in the mailbox */
+    EXPECT_OK(send_and_settle(ch, mark, &bodies[2], 1));
+    EXPECT_ST(recv_msg(A, ch, 5000, &m, &immediate), CN_OK);
+    REQUIRE(immediate && msg_is(&m, &bodies[2]), "the message after the stop is not waiting");
+    REQUIRE(stream_calls(&s) == 2, "the stopped stream had %d results, want 2", stream_calls(&s));
+
+    /* the op of a pending receive is not a stream; the receive goes on waiting */
+    EXPECT_ST(cn_receive(A, ch, on_result, &r, &body, &len, &rop), CN_PENDING);
+    EXPECT_FAIL(cn_stream_stop(A, rop, &unused), CN_INVALID_ARG);
+    EXPECT_OK(cn_cancel(A, rop));
+    rop = 0;
+    ok = 1;
+out:
+    stream_abandon(A, op, &s, 3);
+    if (rop != 0 && cn_cancel(A, rop) != CN_OK) {
+        result_wait(&r, 1, 5000);
+    }
+    msg_free(&m);
+    cn_free(body);
+    stream_rec_destroy(&s);
+    result_destroy(&r);
+    return ok;
+}
+
+/* Messages waiting: cn_receive_stream returns CN_OK, starts nothing and takes nothing; once they
+   are taken it starts, and cn_cancel stops it. */
+static int check_stream_messages_waiting(char *why) {
+    char ch[128], mark[128];
+    body_t bodies[2];
+    record_t recs[4];
+    stream_rec_t s;
+    uint8_t *block = NULL;
+    size_t len = 0, count = 0;
+    cn_op op = 77;
+    uint32_t unused = 77;
+    int ok = 0, i;
+    stream_rec_init(&s);
+    bodies[0] = body_of("stream-waiting-0");
+    bodies[1] = body_of("stream-waiting-1");
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    EXPECT_OK(new_channel(A, mark, sizeof mark));
+    EXPECT_OK(send_and_settle(ch, mark, bodies, 2));
+
+    EXPECT_OK(cn_receive_stream(A, ch, 4, on_stream, &s, &op));
+    REQUIRE(op == 0, "CN_OK (nothing started) with *op = %llu, want 0", (unsigned long long)op);
+    EXPECT_OK(cn_receive_many(A, ch, 8, &block, &len, &count));
+    REQUIRE(count == 2 && block != NULL, "took %zu messages, want the 2 waiting", count);
+    if (!parse_block(block, len, count, recs, 4, why)) {
+        goto out;
+    }
+    for (i = 0; i < 2; i++) {
+        REQUIRE(record_is(&recs[i], &bodies[i]), "record %d is not stream-waiting-%d", i, i);
+    }
+
+    EXPECT_ST(cn_receive_stream(A, ch, 4, on_stream, &s, &op), CN_PENDING);
+    REQUIRE(op != 0, "CN_PENDING with op 0");
+    EXPECT_OK(cn_cancel(A, op));
+    EXPECT_FAIL(cn_stream_stop(A, op, &unused), CN_NOT_PENDING);
+    op = 0;
+    sleep_ms(50);
+    REQUIRE(stream_calls(&s) == 0, "%d results of streams that never got a message",
+            stream_calls(&s));
+    ok = 1;
+out:
+    stream_abandon(A, op, &s, 4);
+    cn_free(block);
+    stream_rec_destroy(&s);
+    return ok;
+}
+
+/* Closing the client ends an active stream with one CN_CLOSED call (a detail, no data), after
+   its message; a stream whose credit was used gets none. Afterwards both calls say CN_CLOSED. */
+static int check_stream_closed(char *why) {
+    char ch[128], ch2[128];
+    body_t x = body_of("stream-before-close"), y = body_of("stream-credit-used");
+    stream_rec_t s, s2;
+    cn_client c = 0;
+    cn_op op = 0, op2 = 0;
+    uint32_t unused = 77;
+    int ok = 0;
+    stream_rec_init(&s);
+    stream_rec_init(&s2);
+    EXPECT_OK(connect_wait(&c));
+    EXPECT_OK(new_channel(c, ch, sizeof ch));
+    EXPECT_OK(new_channel(c, ch2, sizeof ch2));
+    EXPECT_ST(cn_receive_stream(c, ch, 4, on_stream, &s, &op), CN_PENDING);
+    EXPECT_ST(cn_receive_stream(c, ch2, 1, on_stream, &s2, &op2), CN_PENDING);
+    EXPECT_OK(cn_send(B, ch, x.data, x.len, NULL, NULL, NULL));
+    EXPECT_OK(cn_send(B, ch2, y.data, y.len, NULL, NULL, NULL));
+    REQUIRE(stream_wait(&s, 1, 5000) >= 1, "the stream got nothing within 5 s");
+    REQUIRE(stream_wait(&s2, 1, 5000) >= 1, "the stream of credit 1 got nothing within 5 s");
+    EXPECT_OK(cn_close(c, NULL, NULL));
+    REQUIRE(stream_calls(&s) == 2, "the active stream had %d calls when cn_close returned, want 2",
+            stream_calls(&s));
+    REQUIRE(stream_item_is(&s, 0, &x), "its first call is not the message");
+    REQUIRE(s.items[1].status == CN_CLOSED && s.items[1].has_text && s.items[1].text[0] &&
+                s.items[1].data == NULL && s.items[1].len == 0,
+            "its last call: status %d text %s len %zu, want CN_CLOSED with a detail, no data",
+            (int)s.items[1].status, s.items[1].has_text ? s.items[1].text : "NULL",
+            s.items[1].len);
+    REQUIRE(stream_calls(&s2) == 1 && stream_item_is(&s2, 0, &y),
+            "the stream whose credit was used had %d calls, want its message only",
+            stream_calls(&s2));
+    EXPECT_FAIL(cn_stream_stop(c, op, &unused), CN_CLOSED);
+    EXPECT_FAIL(cn_receive_stream(c, ch, 1, on_stream, &s, &op), CN_CLOSED);
+    c = 0;
+    sleep_ms(50);
+    REQUIRE(stream_calls(&s) == 2 && stream_calls(&s2) == 1, "calls after the close");
+    ok = 1;
+out:
+    if (c != 0) {
+        cn_close(c, NULL, NULL); /* ends the streams before the recorders go away */
+    }
+    stream_rec_destroy(&s);
+    stream_rec_destroy(&s2);
+    return ok;
+}
+
 static int check_stats(char *why) {
     char *json = NULL;
     int ok = 0;
@@ -1901,6 +2202,9 @@ int main(int argc, char **argv) {
     run("put_back", check_put_back);
     run("receive_many", check_receive_many);
     run("put_back_many", check_put_back_many);
+    run("stream", check_stream);
+    run("stream_messages_waiting", check_stream_messages_waiting);
+    run("stream_closed", check_stream_closed);
     run("stats", check_stats);
     run("flush", check_flush);
     run("errors", check_errors);

@@ -4,11 +4,11 @@
  *   fork_check NATS_URL
  *
  * The parent connects (the Go runtime is loaded and running, with its threads), then forks. The
- * child calls cn_send, cn_new_channel, cn_receive, cn_connect and cn_close: each must return
- * CN_FORKED at once, with cn_last_error() mentioning "fork". The child bounds itself with
- * alarm(5) (a hang in the Go runtime kills it with SIGALRM) and exits with the number of failed
- * checks. The parent waits for it with a timeout, checks its exit status, and then shows that it
- * still works itself with a send/receive round trip.
+ * child calls cn_send, cn_new_channel, cn_receive, cn_receive_stream, cn_stream_stop, cn_connect
+ * and cn_close: each must return CN_FORKED at once, with cn_last_error() mentioning "fork". The
+ * child bounds itself with alarm(5) (a hang in the Go runtime kills it with SIGALRM) and exits
+ * with the number of failed checks. The parent waits for it with a timeout, checks its exit
+ * status, and then shows that it still works itself with a send/receive round trip.
  * Output: "ok   <name>" / "FAIL <name>: <detail>" lines, then "N passed, M failed".
  */
 #include <errno.h>
@@ -26,7 +26,7 @@
 
 static int g_passed, g_failed;
 
-#define CHILD_CHECKS 5 /* the CHILD_CALL lines of child() */
+#define CHILD_CHECKS 7 /* the CHILD_CALL lines of child() */
 
 static void report(const char *name, int ok, const char *detail) {
     if (ok) {
@@ -67,6 +67,17 @@ static void child_expect_forked(const char *name, cn_status st, double took) {
     }
 }
 
+/* The stream callback of the child: the guard refuses the call, so it never runs. */
+static void never_called(void *closure, cn_status status, const char *text, const uint8_t *data,
+                         size_t len) {
+    (void)closure;
+    (void)status;
+    (void)text;
+    (void)data;
+    (void)len;
+    report("child_stream_callback", 0, "the callback of a refused cn_receive_stream ran");
+}
+
 #define CHILD_CALL(name, call)                                                                \
     do {                                                                                      \
         double t0_ = now_s();                                                                 \
@@ -80,12 +91,15 @@ static void child(cn_client c, const char *channel, const char *url) {
     size_t len = 0;
     cn_client c2 = 0;
     cn_op op = 0;
+    uint32_t unused = 0;
     char cfg[300];
     alarm(5); /* the default action of SIGALRM ends the child if a call hangs */
     snprintf(cfg, sizeof cfg, "{\"servers\": [\"%s\"]}", url);
     CHILD_CALL("child_send", cn_send(c, channel, body, sizeof body, NULL, NULL, NULL));
     CHILD_CALL("child_new_channel", cn_new_channel(c, NULL, NULL, NULL, &name, NULL));
     CHILD_CALL("child_receive", cn_receive(c, channel, NULL, NULL, &data, &len, &op));
+    CHILD_CALL("child_receive_stream", cn_receive_stream(c, channel, 4, never_called, NULL, &op));
+    CHILD_CALL("child_stream_stop", cn_stream_stop(c, 1, &unused));
     CHILD_CALL("child_connect", cn_connect(cfg, NULL, NULL, NULL, NULL, &c2));
     CHILD_CALL("child_close", cn_close(c, NULL, NULL));
     if (name != NULL || data != NULL) {
