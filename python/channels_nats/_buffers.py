@@ -15,10 +15,11 @@ each next one twice the last, up to CREDIT, while its consumer keeps waiting for
 one finds no receive waiting, or a backlog is found, it starts again from 1.
 
 Nothing is lost or kept past its time: each buffered message carries the moment it would have
-expired in its mailbox. A buffer whose oldest message expired, a buffer that no receive waited on
-or took from for IDLE seconds, and every buffer at flush or close stop their streams and go back
-to the library (cn_put_back_many) with the time each message has left, where mailbox rules apply
-again (expiry counted in the stats, idle reclaim). Plain channels are never buffered here: their
+expired in its mailbox, and expired ones go back to the library, which counts and drops them. A
+buffer that no receive waited on or took from for IDLE seconds (a thread sweeps), every buffer at
+close, and every buffer without a waiting receive at flush stop their streams and go back to the
+library (cn_put_back_many) with the time each message has left, where mailbox rules apply again
+(expiry counted in the stats, idle reclaim). Plain channels are never buffered here: their
 messages belong to whichever process of the queue group receives first.
 """
 
@@ -49,23 +50,16 @@ Item = tuple[float, bytes]
 """A buffered message: (expiry deadline on the monotonic clock, body)."""
 
 
-class Retry:
-    """Wakes a waiting receive whose stream was stopped (flush): it starts again."""
-
-
-RETRY = Retry()
-
-
 class _Buffer:
-    __slots__ = ("channel", "credit", "items", "owed", "sink", "stream", "touched", "waiters")
+    __slots__ = ("channel", "credit", "items", "owed", "sink", "streams", "touched", "waiters")
 
     def __init__(self, channel: str, now: float) -> None:
         self.channel = channel
         self.items: deque[Item] = deque()
         self.touched = now
-        self.waiters: deque[asyncio.Future[Item | Retry]] = deque()
-        self.owed = 0  # results still to come from the current stream
-        self.stream = 0  # the handle of the current stream, 0 when none runs
+        self.waiters: deque[asyncio.Future[Item]] = deque()
+        self.owed = 0  # results still to come from the channel's streams
+        self.streams: list[int] = []  # handles of the streams that may still run (all end when owed is 0)
         self.credit = 1  # the next stream's credit
         self.sink: _StreamSink | None = None  # registered while streams run or results are owed
 
@@ -92,6 +86,8 @@ class _StreamSink(_bridge.Pending):
         item = (now + (int(detail) / 1000 if detail else owner.expiry), body)
         with owner.lock:
             buffer.owed -= 1
+            if buffer.owed <= 0:
+                buffer.streams.clear()  # every stream of the channel has ended
             buffer.touched = now
             waiters = buffer.waiters
             while waiters:
@@ -117,7 +113,7 @@ class ReceiveBuffers:
         self.by_channel: dict[str, _Buffer] = {}
         """Channels with a buffer; every name in it was validated by a receive."""
         self.lock = threading.Lock()
-        self._sweeper: asyncio.AbstractEventLoop | None = None  # the loop the idle sweep runs on
+        self._sweeper: threading.Thread | None = None  # runs the idle sweep while buffers exist
         self._watched: asyncio.AbstractEventLoop | None = None  # the last loop that waited
         ffi, _ = _native.load()
         self._local = threading.local()
@@ -155,15 +151,15 @@ class ReceiveBuffers:
                 expired.items.append(buffer.items.popleft())
         self._give_back(buffer.channel, expired)
 
-    def next(self, channel: str, loop: asyncio.AbstractEventLoop) -> bytes | asyncio.Future[Item | Retry] | None:
+    def next(self, channel: str, loop: asyncio.AbstractEventLoop) -> bytes | asyncio.Future[Item] | None:
         """The next message of a process channel if it is here already, else a future of it that
-        the channel's stream completes (RETRY: start again); None when no stream can start (the
-        channel's subscription is not ready): the caller receives the classic way."""
+        the channel's stream completes; None when no stream can start (the channel's subscription
+        is not ready): the caller receives the classic way."""
         while True:
             with self.lock:
                 buffer = self.by_channel.get(channel)
                 if buffer is None:
-                    buffer = self._new_buffer_locked(channel, loop)
+                    buffer = self._new_buffer_locked(channel)
                 items = buffer.items
                 started = _native.PENDING
                 if items:
@@ -172,10 +168,10 @@ class ReceiveBuffers:
                         buffer.touched = now
                         return items.popleft()[1]
                     started = -1  # its front expired
-                elif buffer.owed <= 0:
+                elif buffer.owed <= len(buffer.waiters):  # more receives wait than results will come
                     started = self._start_stream_locked(buffer)
                 if started == _native.PENDING:
-                    waiter: asyncio.Future[Item | Retry] = loop.create_future()
+                    waiter: asyncio.Future[Item] = loop.create_future()
                     buffer.waiters.append(waiter)
                     break
             if started == _native.ILLEGAL_STATE:
@@ -189,12 +185,14 @@ class ReceiveBuffers:
             self._watched = loop
         return waiter
 
-    def _new_buffer_locked(self, channel: str, loop: asyncio.AbstractEventLoop) -> _Buffer:
+    def _new_buffer_locked(self, channel: str) -> _Buffer:
         buffer = self.by_channel[channel] = _Buffer(channel, time.monotonic())
         buffer.sink = _StreamSink(self, buffer)
-        if self._sweeper is None or self._sweeper.is_closed():  # none, or died with its loop
-            self._sweeper = loop
-            loop.call_later(IDLE, self._sweep)
+        if self._sweeper is None:
+            # A thread, not a loop's timer: the loop that made the first buffer may end (asyncio.run,
+            # async_to_sync) while the buffers it made live on.
+            self._sweeper = threading.Thread(target=self._sweep_forever, name="channels_nats sweep", daemon=True)
+            self._sweeper.start()
         return buffer
 
     def _start_stream_locked(self, buffer: _Buffer) -> int:
@@ -210,7 +208,7 @@ class ReceiveBuffers:
         )
         if status == _native.PENDING:
             buffer.owed += credit
-            buffer.stream = int(out.op[0])
+            buffer.streams.append(int(out.op[0]))
             buffer.credit = min(CREDIT, credit * 2)
         elif status == _native.OK:
             buffer.credit = 1  # a backlog: cn_receive_many takes it
@@ -218,7 +216,7 @@ class ReceiveBuffers:
             _native.check(status)
         return status
 
-    def withdraw(self, channel: str, waiter: asyncio.Future[Item | Retry]) -> None:
+    def withdraw(self, channel: str, waiter: asyncio.Future[Item]) -> None:
         """A waiting receive was cancelled: a message it got anyway goes back to the front."""
         buffer = self.by_channel.get(channel)
         if buffer is None:
@@ -228,23 +226,20 @@ class ReceiveBuffers:
                 buffer.waiters.remove(waiter)
             except ValueError:
                 pass
-        if waiter.done() and not waiter.cancelled():
-            got = waiter.result()
-            if not isinstance(got, Retry):
-                self.hand_over(buffer, got, front=True)
+        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            self.hand_over(buffer, waiter.result(), front=True)
 
     def ended(self, buffer: _Buffer, error: BaseException) -> None:
         """The channel's streams ended with error (the client closed): so do its receives."""
         with self.lock:
-            buffer.owed, buffer.stream = 0, 0
+            buffer.owed = 0
+            buffer.streams.clear()
             waiters = list(buffer.waiters)
             buffer.waiters.clear()
         for waiter in waiters:
             _settle(waiter, None, error, None)
 
-    def hand_over(
-        self, buffer: _Buffer, item: Item, front: bool, waiter: asyncio.Future[Item | Retry] | None = None
-    ) -> None:
+    def hand_over(self, buffer: _Buffer, item: Item, front: bool, waiter: asyncio.Future[Item] | None = None) -> None:
         """Gives item to waiter, or to the longest-waiting receive that can still take it, else to
         the buffer: at its end, or at its front when it comes back from a receive that could not
         take it (cancelled meanwhile, or its loop closed)."""
@@ -286,32 +281,49 @@ class ReceiveBuffers:
         with self.lock:
             buffer = self.by_channel.get(channel)
             if buffer is None:
-                buffer = self._new_buffer_locked(channel, asyncio.get_running_loop())
+                buffer = self._new_buffer_locked(channel)
             buffer.items.extend(records)
             buffer.touched = now
 
-    def give_back_all(self, error: BaseException | None = None) -> None:
-        """Every stream stops and every buffered message goes back to the library (flush, close).
-        Waiting receives start again, or end with error."""
+    def flush(self) -> None:
+        """Before the client's flush: what the buffers hold goes back to be flushed with the
+        mailboxes. A channel with a waiting receive keeps its stream: the library then keeps its
+        mailbox and subscription for it (S15), and its buffer holds nothing."""
+        with self.lock:
+            idle = [buffer for buffer in self.by_channel.values() if not buffer.waiters]
+        for buffer in idle:
+            self._stop_streams(buffer)
+            self._give_back(buffer.channel, buffer)
+
+    def close(self, error: BaseException) -> None:
+        """Before the client's close: every stream stops, every buffered message goes back, and
+        every waiting receive ends with error."""
         with self.lock:
             buffers = list(self.by_channel.values())
         for buffer in buffers:
-            self._stop_stream(buffer)
+            self._stop_streams(buffer)
             with self.lock:
                 waiters = list(buffer.waiters)
                 buffer.waiters.clear()
             for waiter in waiters:
-                _settle(waiter, None if error else RETRY, error, None)
+                _settle(waiter, None, error, None)
             self._give_back(buffer.channel, buffer)
 
-    def _sweep(self) -> None:
+    def _sweep_forever(self) -> None:
+        """Every IDLE seconds, sweeps; ends when no buffer is left (a new one starts another)."""
+        while True:
+            time.sleep(IDLE)
+            if not self._sweep():
+                return
+
+    def _sweep(self) -> bool:
         """Returns the buffers nobody waited on or took from for IDLE seconds, and forgets those
-        with nothing left; runs again while any is left."""
+        with nothing left; False (and the sweeper ends) when no buffer is left."""
         now = time.monotonic()
         with self.lock:
             idle = [b for b in self.by_channel.values() if not b.waiters and now - b.touched >= IDLE]
         for buffer in idle:
-            self._stop_stream(buffer)
+            self._stop_streams(buffer)
             self._give_back(buffer.channel, buffer)
         with self.lock:
             for buffer in idle:
@@ -320,29 +332,30 @@ class ReceiveBuffers:
                     if buffer.sink is not None:
                         buffer.sink.forget()
                         buffer.sink = None
-            again = bool(self.by_channel)
-            if not again:
-                self._sweeper = None
-        if again:
-            asyncio.get_running_loop().call_later(IDLE, self._sweep)
+            if self.by_channel:
+                return True
+            self._sweeper = None
+            return False
 
-    def _stop_stream(self, buffer: _Buffer) -> None:
-        """Stops buffer's stream; afterwards buffer.owed counts the results still on their way."""
+    def _stop_streams(self, buffer: _Buffer) -> None:
+        """Stops buffer's streams; afterwards buffer.owed counts the results still on their way."""
         with self.lock:
-            stream, buffer.stream = buffer.stream, 0
-        if not stream or _native.forked():
+            streams = list(buffer.streams)
+            buffer.streams.clear()
+        if not streams or _native.forked():
             return
         ffi, lib = _native.load()
         unused = ffi.new("uint32_t *")
-        status = lib.cn_stream_stop(self.client, stream, unused)
-        if status == _native.OK:
-            with self.lock:
-                buffer.owed -= unused[0]
-        elif status == _native.CLOSED:  # the client closed: its streams ended with it
-            with self.lock:
-                buffer.owed = 0
-        elif status != _native.NOT_PENDING:
-            _native.check(status)
+        for stream in streams:
+            status = lib.cn_stream_stop(self.client, stream, unused)
+            if status == _native.OK:
+                with self.lock:
+                    buffer.owed -= unused[0]
+            elif status == _native.CLOSED:  # the client closed: its streams ended with it
+                with self.lock:
+                    buffer.owed = 0
+            elif status != _native.NOT_PENDING:
+                _native.check(status)
 
     def _give_back(self, channel: str, buffer: _Buffer) -> None:
         now = time.monotonic()

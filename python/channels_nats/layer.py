@@ -242,21 +242,17 @@ class NatsChannelLayer(BaseChannelLayer):
         client = self._client or await self._connection()
         buffers = self._buffers
         if buffers is not None and "!" in channel:
-            loop = asyncio.get_running_loop()
-            while True:
-                got = buffers.next(channel, loop)
-                if got is None:
-                    break  # no stream yet: the classic receive below subscribes
-                if type(got) is bytes:
-                    return msgpack.unpackb(got, raw=False)
+            got = buffers.next(channel, asyncio.get_running_loop())
+            if type(got) is bytes:
+                return msgpack.unpackb(got, raw=False)
+            if got is not None:  # None: no stream yet, the classic receive below subscribes
                 assert isinstance(got, asyncio.Future)
                 try:
-                    item = await got
+                    _, body = await got
                 except asyncio.CancelledError:
                     buffers.withdraw(channel, got)
                     raise
-                if not isinstance(item, _buffers.Retry):
-                    return msgpack.unpackb(item[1], raw=False)
+                return msgpack.unpackb(body, raw=False)
         ffi, lib = _native.load()
         complete, _ = _bridge.callbacks()
         name = channel.encode()
@@ -335,7 +331,7 @@ class NatsChannelLayer(BaseChannelLayer):
         if not client:
             return
         if self._buffers is not None:
-            self._buffers.give_back_all()  # to be emptied with the mailboxes
+            self._buffers.flush()  # what they hold is emptied with the mailboxes
         _, lib = _native.load()
         status = lib.cn_flush(client)
         if status not in (_native.OK, _native.CLOSED):
@@ -353,7 +349,7 @@ class NatsChannelLayer(BaseChannelLayer):
         if not client or _native.forked():
             return  # a forked child cannot reach its parent's client: there is nothing to close
         if buffers is not None:  # the close accounts for buffered messages with the mailboxes
-            buffers.give_back_all(_native.ChannelLayerClosed("channels_nats: the layer is closed"))
+            buffers.close(_native.ChannelLayerClosed("channels_nats: the layer is closed"))
         _, lib = _native.load()
         complete, _ = _bridge.callbacks()
         done = _bridge.Completion()
