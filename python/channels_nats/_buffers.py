@@ -55,13 +55,19 @@ class _Buffer:
 
     def __init__(self, channel: str, now: float) -> None:
         self.channel = channel
-        self.items: deque[Item] = deque()
+        self.items: deque[Item] | None = None  # made when first needed: an idle consumer holds none
         self.touched = now
-        self.waiters: deque[asyncio.Future[Item]] = deque()
+        self.waiters: list[asyncio.Future[Item]] = []  # rarely more than one: a list is smaller
         self.owed = 0  # results still to come from the channel's streams
         self.streams: list[int] = []  # handles of the streams that may still run (all end when owed is 0)
         self.credit = 1  # the next stream's credit
         self.sink: _StreamSink | None = None  # registered while streams run or results are owed
+
+    def held(self) -> deque[Item]:
+        """The buffered messages, made on first use. Under ReceiveBuffers.lock."""
+        if self.items is None:
+            self.items = deque()
+        return self.items
 
 
 class _StreamSink(_bridge.Pending):
@@ -91,11 +97,11 @@ class _StreamSink(_bridge.Pending):
             buffer.touched = now
             waiters = buffer.waiters
             while waiters:
-                waiter = waiters.popleft()
+                waiter = waiters.pop(0)
                 if not waiter.done():
                     break
             else:
-                buffer.items.append(item)
+                buffer.held().append(item)
                 buffer.credit = 1  # its consumer is busy: a backlog goes the cheaper way
                 return
         if waiter.get_loop() is asyncio._get_running_loop():  # pyright: ignore[reportPrivateUsage]
@@ -145,11 +151,12 @@ class ReceiveBuffers:
         drops them; the rest stay (giving them back would hand them to the channel's stream,
         which brings them here again)."""
         now = time.monotonic()
-        expired = _Buffer(buffer.channel, now)
+        expired: list[Item] = []
         with self.lock:
-            while buffer.items and buffer.items[0][0] <= now:
-                expired.items.append(buffer.items.popleft())
-        self._give_back(buffer.channel, expired)
+            items = buffer.items
+            while items and items[0][0] <= now:
+                expired.append(items.popleft())
+        self._put_back(buffer.channel, expired)
 
     def next(self, channel: str, loop: asyncio.AbstractEventLoop) -> bytes | asyncio.Future[Item] | None:
         """The next message of a process channel if it is here already, else a future of it that
@@ -246,14 +253,14 @@ class ReceiveBuffers:
         if waiter is None:
             with self.lock:
                 while buffer.waiters:
-                    waiter = buffer.waiters.popleft()
+                    waiter = buffer.waiters.pop(0)
                     if not waiter.done() and not waiter.get_loop().is_closed():
                         break
                 else:
                     if front:
-                        buffer.items.appendleft(item)
+                        buffer.held().appendleft(item)
                     else:
-                        buffer.items.append(item)
+                        buffer.held().append(item)
                     return
         _settle(waiter, item, None, lambda: self.hand_over(buffer, item, front=True))
 
@@ -282,7 +289,7 @@ class ReceiveBuffers:
             buffer = self.by_channel.get(channel)
             if buffer is None:
                 buffer = self._new_buffer_locked(channel)
-            buffer.items.extend(records)
+            buffer.held().extend(records)
             buffer.touched = now
 
     def flush(self) -> None:
@@ -358,16 +365,21 @@ class ReceiveBuffers:
                 _native.check(status)
 
     def _give_back(self, channel: str, buffer: _Buffer) -> None:
-        now = time.monotonic()
-        records: list[bytes] = []
-        while True:  # popleft, not iteration: a taker on another thread may still pop
+        items = buffer.items
+        taken: list[Item] = []
+        while items:  # popleft, not iteration: a taker on another thread may still pop
             try:
-                deadline, body = buffer.items.popleft()
+                taken.append(items.popleft())
             except IndexError:
                 break
-            records.append(_RECORD.pack(len(body), max(0, int((deadline - now) * 1000))) + body)
-        if not records or _native.forked():
+        self._put_back(channel, taken)
+
+    def _put_back(self, channel: str, items: list[Item]) -> None:
+        """Returns items, taken from channel's buffer, to the front of its mailbox, in order."""
+        if not items or _native.forked():
             return
+        now = time.monotonic()
+        records = [_RECORD.pack(len(body), max(0, int((deadline - now) * 1000))) + body for deadline, body in items]
         block = b"".join(records)
         _, lib = _native.load()
         status = lib.cn_put_back_many(self.client, channel.encode(), block, len(block))

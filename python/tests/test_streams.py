@@ -98,7 +98,7 @@ def waiting(layer: NatsChannelLayer, channel: str) -> int:
 def kept(layer: NatsChannelLayer, channel: str) -> int:
     """How many messages wait in channel's buffer (0 when it has none)."""
     buffer = buffers_of(layer).by_channel.get(channel)
-    return 0 if buffer is None else len(buffer.items)
+    return 0 if buffer is None or buffer.items is None else len(buffer.items)
 
 
 def owed(layer: NatsChannelLayer, channel: str) -> int:
