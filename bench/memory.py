@@ -191,6 +191,15 @@ def copy_app_into_root() -> None:
         shutil.copy2(APP_DIR / name, target / name)
 
 
+def python_in_root(python: str, code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(in_root([python, "-c", code]), capture_output=True, text=True, timeout=60)
+
+
+def tree_version() -> str:
+    describe = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True)
+    return "tree " + describe.stdout.decode().strip()
+
+
 def prepare_layers_in_root(layer: str) -> dict[str, str]:
     """Copy the app into the root for a layer other than the reference; returns versions found
     in the layers' venv (made by bench/layers-env.sh)."""
@@ -201,7 +210,7 @@ def prepare_layers_in_root(layer: str) -> dict[str, str]:
         "import importlib.metadata as m, platform; "
         "print(m.version('daphne'), m.version('channels'), m.version('channels-redis'), platform.python_version())"
     )
-    check = subprocess.run(in_root([LAYERS_PYTHON_IN_ROOT, "-c", probe]), capture_output=True, text=True, timeout=60)
+    check = python_in_root(LAYERS_PYTHON_IN_ROOT, probe)
     if check.returncode != 0:
         raise RuntimeError(f"the layers' venv in the root does not work: {check.stderr.strip()}")
     daphne_v, channels_v, redis_v, python_v = check.stdout.split()
@@ -209,8 +218,7 @@ def prepare_layers_in_root(layer: str) -> dict[str, str]:
     if layer.startswith("redis"):
         versions["layer_version"] = redis_v
     elif layer == "nats":
-        describe = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True)
-        versions["layer_version"] = "tree " + describe.stdout.decode().strip()
+        versions["layer_version"] = tree_version()
     return versions
 
 
@@ -223,12 +231,12 @@ def prepare_reference() -> dict[str, str]:
         "import daphne, channels, channels_nats; "
         "print(daphne.__version__, channels.__version__, channels_nats.__version__)"
     )
-    check = subprocess.run(in_root([PYTHON_IN_ROOT, "-c", probe]), capture_output=True, text=True, timeout=60)
+    check = python_in_root(PYTHON_IN_ROOT, probe)
     if check.returncode != 0:
         log(f"installing {DAPHNE_SPEC} into the reference root")
         pip = in_root([PIP_IN_ROOT, "install", "--disable-pip-version-check", "-q", DAPHNE_SPEC])
         subprocess.run(pip, check=True, timeout=600)
-        check = subprocess.run(in_root([PYTHON_IN_ROOT, "-c", probe]), capture_output=True, text=True, timeout=60)
+        check = python_in_root(PYTHON_IN_ROOT, probe)
         if check.returncode != 0:
             raise RuntimeError(f"daphne does not import in the reference root: {check.stderr.strip()}")
     daphne_v, channels_v, layer_v = check.stdout.split()
@@ -246,8 +254,7 @@ def host_versions(layer: str) -> dict[str, str]:
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions["layer_version"] = metadata.version("channels-redis")
     elif layer == "nats":
-        describe = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True)
-        versions["layer_version"] = "tree " + describe.stdout.decode().strip()
+        versions["layer_version"] = tree_version()
     return versions
 
 

@@ -403,16 +403,10 @@ func cngo_flush(h C.cn_client) (st C.cn_status) {
 //export cngo_cancel
 func cngo_cancel(h C.cn_client, id C.cn_op) (st C.cn_status) {
 	defer recoverStatus(&st)
-	c, err := lookup(h)
+	o, err := findOp(h, id)
 	if err != nil {
 		return fail(err)
 	}
-	if id == 0 || uint64(id) > lastHandle.Load() {
-		return fail(errInvalidHandle)
-	}
-	c.mu.Lock()
-	o := c.ops[uint64(id)]
-	c.mu.Unlock()
 	if o == nil || !o.withdraw() {
 		return fail(errNotPending)
 	}

@@ -97,6 +97,21 @@ type pendingOp interface {
 	end(err error) bool // close: its last result, unless it had ended
 }
 
+// findOp returns the pending operation or stream of client h that id names, nil when it has
+// finished; errInvalidHandle for op 0 or a handle this library never issued.
+func findOp(h C.cn_client, id C.cn_op) (pendingOp, error) {
+	c, err := lookup(h)
+	if err != nil {
+		return nil, err
+	}
+	if id == 0 || uint64(id) > lastHandle.Load() {
+		return nil, errInvalidHandle
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ops[uint64(id)], nil
+}
+
 // op is a pending operation: its callback runs exactly once unless it is withdrawn first.
 type op struct {
 	id      uint64

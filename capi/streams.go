@@ -189,16 +189,10 @@ func cngo_stream_stop(h C.cn_client, id C.cn_op, unused *C.uint32_t) (st C.cn_st
 		return fail(argError("unused must not be NULL"))
 	}
 	*unused = 0
-	c, err := lookup(h)
+	o, err := findOp(h, id)
 	if err != nil {
 		return fail(err)
 	}
-	if id == 0 || uint64(id) > lastHandle.Load() {
-		return fail(errInvalidHandle)
-	}
-	c.mu.Lock()
-	o := c.ops[uint64(id)]
-	c.mu.Unlock()
 	s, ok := o.(*stream)
 	if o != nil && !ok {
 		return fail(argError("not a stream: cancel a receive with cn_cancel"))

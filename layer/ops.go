@@ -211,18 +211,11 @@ func (l *Layer) StartReceive(ctx context.Context, channel string, deliver func(M
 // a pending receive, or take several messages at once into a buffer of its own (TimeLeft says
 // how long each may stay there; PutBack returns what it will not deliver).
 func (l *Layer) TakeReceive(channel string, limit int) ([]Message, error) {
-	if err := ValidateChannelName(channel); err != nil {
-		return nil, err
-	}
-	key, err := l.receiveKey(channel)
+	key, err := l.lockForReceive(channel)
 	if err != nil {
 		return nil, err
 	}
-	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
-		return nil, ErrClosed
-	}
 	mb := l.mailboxes[channel]
 	if s := l.subs[key]; s == nil || !s.confirmed || mb == nil {
 		return nil, nil
@@ -237,6 +230,24 @@ func (l *Layer) TakeReceive(channel string, limit int) ([]Message, error) {
 		taken = append(taken, msg)
 	}
 	return taken, nil
+}
+
+// lockForReceive checks channel for a receive that does not wait and returns the subscription it
+// needs, with l.mu held; on an error l.mu is not held.
+func (l *Layer) lockForReceive(channel string) (subKey, error) {
+	if err := ValidateChannelName(channel); err != nil {
+		return subKey{}, err
+	}
+	key, err := l.receiveKey(channel)
+	if err != nil {
+		return subKey{}, err
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return subKey{}, ErrClosed
+	}
+	return key, nil
 }
 
 // TimeLeft is how long m could still have waited in its mailbox before expiring (S4), at now;
@@ -297,21 +308,14 @@ func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, err
 // It never waits: before the channel's subscription is confirmed it returns ErrWouldBlock (a
 // StartReceive on the channel subscribes). The rules of StartReceive for names apply.
 func (l *Layer) StartStream(channel string, credit int, deliver func(Message, error)) (*PendingReceive, error) {
-	if err := ValidateChannelName(channel); err != nil {
-		return nil, err
-	}
 	if credit < 1 {
 		return nil, fmt.Errorf("channels_nats: a stream's credit must be at least 1, not %d", credit)
 	}
-	key, err := l.receiveKey(channel)
+	key, err := l.lockForReceive(channel)
 	if err != nil {
 		return nil, err
 	}
-	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
-		return nil, ErrClosed
-	}
 	if s := l.subs[key]; s == nil || !s.confirmed {
 		return nil, ErrWouldBlock
 	}

@@ -220,8 +220,8 @@ static void on_result(void *closure, cn_status status, const char *text, const u
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Waits until the recorder has at least n calls or timeout_ms ran out; returns the call count. */
-static int result_wait(result_t *r, int n, long timeout_ms) {
+/* Waits on cv until *counter (guarded by mu) is at least n or timeout_ms ran out; returns it. */
+static int wait_count(pthread_mutex_t *mu, pthread_cond_t *cv, const int *counter, int n, long timeout_ms) {
     struct timespec dl;
     int calls;
     timeout_ms *= g_scale;
@@ -232,24 +232,32 @@ static int result_wait(result_t *r, int n, long timeout_ms) {
         dl.tv_sec++;
         dl.tv_nsec -= 1000000000L;
     }
-    pthread_mutex_lock(&r->mu);
-    while (r->calls < n) {
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &dl) == ETIMEDOUT) {
+    pthread_mutex_lock(mu);
+    while (*counter < n) {
+        if (pthread_cond_timedwait(cv, mu, &dl) == ETIMEDOUT) {
             break;
         }
     }
-    calls = r->calls;
-    pthread_mutex_unlock(&r->mu);
+    calls = *counter;
+    pthread_mutex_unlock(mu);
     return calls;
 }
 
-static int result_calls(result_t *r) {
+/* *counter, read under mu. */
+static int read_count(pthread_mutex_t *mu, const int *counter) {
     int n;
-    pthread_mutex_lock(&r->mu);
-    n = r->calls;
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(mu);
+    n = *counter;
+    pthread_mutex_unlock(mu);
     return n;
 }
+
+/* Waits until the recorder has at least n calls or timeout_ms ran out; returns the call count. */
+static int result_wait(result_t *r, int n, long timeout_ms) {
+    return wait_count(&r->mu, &r->cv, &r->calls, n, timeout_ms);
+}
+
+static int result_calls(result_t *r) { return read_count(&r->mu, &r->calls); }
 
 /* ---- helpers over the library ------------------------------------------------------------ */
 
@@ -1117,34 +1125,10 @@ static void on_stream(void *closure, cn_status status, const char *text, const u
 
 /* Waits until the stream had at least n results or timeout_ms ran out; returns the count. */
 static int stream_wait(stream_rec_t *s, int n, long timeout_ms) {
-    struct timespec dl;
-    int calls;
-    timeout_ms *= g_scale;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&s->mu);
-    while (s->calls < n) {
-        if (pthread_cond_timedwait(&s->cv, &s->mu, &dl) == ETIMEDOUT) {
-            break;
-        }
-    }
-    calls = s->calls;
-    pthread_mutex_unlock(&s->mu);
-    return calls;
+    return wait_count(&s->mu, &s->cv, &s->calls, n, timeout_ms);
 }
 
-static int stream_calls(stream_rec_t *s) {
-    int n;
-    pthread_mutex_lock(&s->mu);
-    n = s->calls;
-    pthread_mutex_unlock(&s->mu);
-    return n;
-}
+static int stream_calls(stream_rec_t *s) { return read_count(&s->mu, &s->calls); }
 
 /* Result i is CN_OK with body b and text NULL (a message that arrived just now). */
 static int stream_item_is(stream_rec_t *s, int i, const body_t *b) {
