@@ -175,14 +175,19 @@ typedef struct {
     int inner_error_set;
 } result_t;
 
-static void result_init(result_t *r) {
+/* A mutex, and a condition variable whose timed waits use CLOCK_MONOTONIC (see wait_count). */
+static void sync_init(pthread_mutex_t *mu, pthread_cond_t *cv) {
     pthread_condattr_t ca;
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
+    pthread_cond_init(cv, &ca);
     pthread_condattr_destroy(&ca);
+}
+
+static void result_init(result_t *r) {
+    memset(r, 0, sizeof *r);
+    sync_init(&r->mu, &r->cv);
     r->status = (cn_status)-1;
 }
 
@@ -1075,13 +1080,8 @@ typedef struct {
 } stream_rec_t;
 
 static void stream_rec_init(stream_rec_t *s) {
-    pthread_condattr_t ca;
     memset(s, 0, sizeof *s);
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    sync_init(&s->mu, &s->cv);
 }
 
 static void stream_rec_destroy(stream_rec_t *s) {
