@@ -198,18 +198,25 @@ static void result_destroy(result_t *r) {
     pthread_mutex_destroy(&r->mu);
 }
 
+/* A malloc'ed copy of a callback's data (valid only during the call), or NULL for none. */
+static uint8_t *copy_bytes(const uint8_t *data, size_t len) {
+    uint8_t *copy;
+    if (data == NULL || len == 0) {
+        return NULL;
+    }
+    copy = malloc(len);
+    if (copy == NULL) {
+        abort();
+    }
+    memcpy(copy, data, len);
+    return copy;
+}
+
 static void on_result(void *closure, cn_status status, const char *text, const uint8_t *data,
                       size_t len) {
     result_t *r = closure;
     long seq = next_seq();
-    uint8_t *copy = NULL;
-    if (data != NULL && len > 0) {
-        copy = malloc(len);
-        if (copy == NULL) {
-            abort();
-        }
-        memcpy(copy, data, len);
-    }
+    uint8_t *copy = copy_bytes(data, len);
     pthread_mutex_lock(&r->mu);
     r->calls++;
     r->status = status;
@@ -1097,14 +1104,7 @@ static void stream_rec_destroy(stream_rec_t *s) {
 static void on_stream(void *closure, cn_status status, const char *text, const uint8_t *data,
                       size_t len) {
     stream_rec_t *s = closure;
-    uint8_t *copy = NULL;
-    if (data != NULL && len > 0) {
-        copy = malloc(len);
-        if (copy == NULL) {
-            abort();
-        }
-        memcpy(copy, data, len);
-    }
+    uint8_t *copy = copy_bytes(data, len);
     pthread_mutex_lock(&s->mu);
     if (s->calls < STREAM_MAX) {
         stream_item_t *it = &s->items[s->calls];

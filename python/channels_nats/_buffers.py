@@ -125,14 +125,13 @@ class ReceiveBuffers:
         self._local = threading.local()
         self._ffi = ffi
 
-    def take(self, channel: str) -> bytes | None:
-        """The next buffered message of channel, or None (nothing buffered, or it expired: the
-        library then counts and drops what expired).
+    def take(self, buffer: _Buffer) -> bytes | None:
+        """The next message buffer holds, or None (nothing held, or it expired: the library then
+        counts and drops what expired).
 
         No lock: deque.popleft() hands each message to exactly one caller, also against a
         sweep on another thread."""
-        buffer = self.by_channel.get(channel)
-        if buffer is None or not buffer.items:
+        if not buffer.items:
             return None
         try:
             deadline, body = buffer.items.popleft()

@@ -233,8 +233,10 @@ class NatsChannelLayer(BaseChannelLayer):
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
         buffers = self._buffers
-        if buffers is not None and type(channel) is str and channel in buffers.by_channel:
-            buffered = buffers.take(channel)  # a channel with a buffer was checked before
+        buffer = buffers.by_channel.get(channel) if buffers is not None and type(channel) is str else None
+        if buffer is not None:  # a channel with a buffer was checked before
+            assert buffers is not None
+            buffered = buffers.take(buffer)
             if buffered is not None:
                 return msgpack.unpackb(buffered, raw=False)
         else:
