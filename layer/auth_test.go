@@ -313,15 +313,48 @@ func TestAuthMutualTLS(t *testing.T) {
 		t.Errorf("the server's view of the client: TLS %q, peer certificates %+v; want the client certificate", ci.TLSVersion, ci.TLSPeerCerts)
 	}
 
+	// That these refusals fail at once, not at connect_deadline, is TestAuthTLSRefusalIsNotRetried's.
 	noCert := authNamed("auth-mtls-none", tlsURL)
 	noCert.Connection.TLSCAFile = f.ca
+	noCert.ConnectDeadline = time.Second
 	authConnectFails(t, noCert, "TLS without a client certificate")
-	authConnectFails(t, withCert("auth-mtls-other", f.otherCert, f.otherKey), "a client certificate of another CA")
+	other := withCert("auth-mtls-other", f.otherCert, f.otherKey)
+	other.ConnectDeadline = time.Second
+	authConnectFails(t, other, "a client certificate of another CA")
+}
+
+// TestAuthTLSRefusalIsNotRetried (S19, connect_deadline): a server that requires a client
+// certificate refuses a client without one, or with one of another CA, in the TLS handshake.
+// Another try would be refused the same way, so Connect must fail at once, as it does for a
+// wrong token, instead of retrying until connect_deadline.
+func TestAuthTLSRefusalIsNotRetried(t *testing.T) {
+	f := authWriteTLSFiles(t)
+	tlsConfig, err := server.GenTLSConfig(&server.TLSConfigOpts{
+		CertFile: f.serverCert, KeyFile: f.serverKey, CaFile: f.ca, Verify: true,
+	})
+	authMust(t, err)
+	s := startServer(t, func(o *server.Options) {
+		o.TLS, o.TLSVerify, o.TLSConfig, o.TLSTimeout = true, true, tlsConfig, 2
+	})
+	tlsURL := fmt.Sprintf("tls://127.0.0.1:%d", s.opts.Port)
+	noCert := authNamed("auth-refused-none", tlsURL)
+	noCert.Connection.TLSCAFile = f.ca
+	other := authNamed("auth-refused-other", tlsURL)
+	other.Connection.TLSCAFile, other.Connection.TLSCertFile, other.Connection.TLSKeyFile = f.ca, f.otherCert, f.otherKey
+	for what, cfg := range map[string]Config{"no client certificate": noCert, "a client certificate of another CA": other} {
+		cfg.ConnectDeadline = 3 * time.Second
+		start := time.Now()
+		err := authConnectFails(t, cfg, what)
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%s: the TLS refusal was retried for %s (connect_deadline 3s); it must fail at once: %v", what, d, err)
+		}
+	}
 }
 
 // TestAuthTLSFirst (S19 tls_handshake_first, C21): a server that does the TLS handshake before
 // its INFO. TLSFirst connects (the server reports a TLS-first connection) and carries traffic;
-// the same configuration without TLSFirst waits for an INFO that never comes and fails.
+// the same configuration without TLSFirst waits for an INFO that never comes, retries like with
+// a server that does not answer, and fails at connect_deadline.
 func TestAuthTLSFirst(t *testing.T) {
 	caFile, certFile, keyFile := rsWriteTLSFiles(t)
 	tlsConfig, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: certFile, KeyFile: keyFile})
@@ -340,9 +373,13 @@ func TestAuthTLSFirst(t *testing.T) {
 	}
 
 	cfg.Connection.Name, cfg.Connection.TLSFirst = "auth-tls-late", false
+	cfg.ConnectDeadline = 1500 * time.Millisecond
 	start := time.Now()
-	authConnectFails(t, cfg, "a connect without TLSFirst to a TLS-first server")
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("the failing connect took %s with a 1 s connect timeout", d)
+	err = authConnectFails(t, cfg, "a connect without TLSFirst to a TLS-first server")
+	if d := time.Since(start); d > 4*time.Second {
+		t.Errorf("the failing connect took %s with a 1.5 s connect deadline", d)
+	}
+	if !strings.Contains(err.Error(), "connect_deadline") {
+		t.Errorf("the error does not name connect_deadline: %v", err)
 	}
 }

@@ -40,6 +40,12 @@ type Config struct {
 	// ReleaseLinger is how long a plain channel keeps its subscription after its last reader
 	// was cancelled, so back-to-back polls do not drop their queue-group share (default 300 ms).
 	ReleaseLinger time.Duration
+	// ConnectDeadline bounds the first connect, retries included (default 5 s, as the nats-py
+	// layer's connect_deadline).
+	ConnectDeadline time.Duration
+	// PublishDeadline is how long a send may wait for room in the outbound buffer before it
+	// fails with *PublishTimeoutError (default 10 s, as the nats-py layer's publish_deadline).
+	PublishDeadline time.Duration
 	// Connection holds the NATS connection options.
 	Connection ConnectionOptions
 	// Log receives the layer's warnings (drops, reconnects). Default: the log/slog default logger.
@@ -69,11 +75,19 @@ type ConnectionOptions struct {
 	// for good; -1 (the default) means forever, NoReconnect means none. After a close for good
 	// the layer opens a new connection itself and restores every subscription.
 	MaxReconnects int
-	// ReconnectBufferSize is how many bytes of publishes are kept during an outage (default 8 MiB).
-	ReconnectBufferSize int
-	ConnectTimeout      time.Duration // per server (default 2 s)
-	DrainTimeout        time.Duration // bound of Close's drain (default 2 s)
-	FlushTimeout        time.Duration // bound of a subscription confirmation round trip (default 5 s)
+	// PendingSize bounds the bytes of accepted publishes not yet written to the connection,
+	// during an outage or a stall too (default 2 MiB). A send that finds no room waits for it
+	// (backpressure), up to PublishDeadline.
+	PendingSize    int
+	ConnectTimeout time.Duration // per server (default 2 s)
+	DrainTimeout   time.Duration // bound of Close's drain (default 2 s)
+	FlushTimeout   time.Duration // bound of a subscription confirmation round trip (default 5 s)
+	// PingInterval is how often the client pings the server; MaxPingsOutstanding how many may
+	// go unanswered before the connection counts as dead and is replaced (defaults 4 s and 2: a
+	// dead link is noticed within 12 s). A write to the socket that takes nothing for
+	// PingInterval x (MaxPingsOutstanding+1) ends the connection too.
+	PingInterval        time.Duration
+	MaxPingsOutstanding int
 	// PendingMsgsLimit is how many inbound messages may wait for the dispatcher before the
 	// connection drops new ones as a slow consumer (default 65536).
 	PendingMsgsLimit int
@@ -99,12 +113,16 @@ const (
 	DefaultGroupExpiry      = 86400 * time.Second
 	DefaultMailboxGrace     = 60 * time.Second
 	DefaultReleaseLinger    = 300 * time.Millisecond
+	DefaultConnectDeadline  = 5 * time.Second
+	DefaultPublishDeadline  = 10 * time.Second
 	DefaultReconnectWait    = time.Second
 	DefaultConnectTimeout   = 2 * time.Second
 	DefaultDrainTimeout     = 2 * time.Second
 	DefaultFlushTimeout     = 5 * time.Second
 	DefaultPendingMsgsLimit = 65536
-	DefaultReconnectBuffer  = 8 * 1024 * 1024
+	DefaultPendingSize      = 2 * 1024 * 1024
+	DefaultPingInterval     = 4 * time.Second
+	DefaultMaxPingsOut      = 2
 )
 
 // WithDefaults returns c with every unset field set to its default, and checks it.
@@ -118,10 +136,14 @@ func (c Config) WithDefaults() (Config, error) {
 	setDefault(&c.GroupExpiry, DefaultGroupExpiry)
 	setDefault(&c.MailboxGrace, DefaultMailboxGrace)
 	setDefault(&c.ReleaseLinger, DefaultReleaseLinger)
+	setDefault(&c.ConnectDeadline, DefaultConnectDeadline)
+	setDefault(&c.PublishDeadline, DefaultPublishDeadline)
 	o := &c.Connection
 	setDefault(&o.ReconnectWait, DefaultReconnectWait)
 	setDefault(&o.MaxReconnects, -1)
-	setDefault(&o.ReconnectBufferSize, DefaultReconnectBuffer)
+	setDefault(&o.PendingSize, DefaultPendingSize)
+	setDefault(&o.PingInterval, DefaultPingInterval)
+	setDefault(&o.MaxPingsOutstanding, DefaultMaxPingsOut)
 	setDefault(&o.ConnectTimeout, DefaultConnectTimeout)
 	setDefault(&o.DrainTimeout, DefaultDrainTimeout)
 	setDefault(&o.FlushTimeout, DefaultFlushTimeout)
@@ -152,15 +174,16 @@ func (c *Config) check() error {
 		"expiry": c.Expiry, "group_expiry": c.GroupExpiry, "mailbox_grace": c.MailboxGrace,
 		"release_linger": c.ReleaseLinger, "connect_timeout": c.Connection.ConnectTimeout,
 		"drain_timeout": c.Connection.DrainTimeout, "flush_timeout": c.Connection.FlushTimeout,
-		"reconnect_wait": c.Connection.ReconnectWait,
+		"reconnect_wait": c.Connection.ReconnectWait, "connect_deadline": c.ConnectDeadline,
+		"publish_deadline": c.PublishDeadline, "ping_interval": c.Connection.PingInterval,
 	}
 	for name, d := range positive {
 		if d < 0 {
 			return fmt.Errorf("config: %s must not be negative", name)
 		}
 	}
-	if c.Capacity < 0 || c.Connection.PendingMsgsLimit < 0 || c.Connection.ReconnectBufferSize < 0 {
-		return errors.New("config: capacity, pending_msgs_limit and reconnect_buffer_size must not be negative")
+	if c.Capacity < 0 || c.Connection.PendingMsgsLimit < 0 || c.Connection.PendingSize < 0 || c.Connection.MaxPingsOutstanding < 0 {
+		return errors.New("config: capacity, pending_msgs_limit, pending_size and max_pings_outstanding must not be negative")
 	}
 	if c.Connection.MaxReconnects < NoReconnect {
 		return errors.New("config: max_reconnect_attempts must be -1 (forever) or more")
@@ -274,7 +297,8 @@ func (c *Config) capacityOf(name string) int {
 //
 //	{"servers": ["nats://127.0.0.1:4222"], "prefix": "channels", "expiry": 60, "capacity": 100,
 //	 "channel_capacity": {"http.request*": 200}, "group_expiry": 86400, "mailbox_grace": 60,
-//	 "release_linger": 0.3, "connect_options": {"name": "web", "token": "s3cret"}}
+//	 "release_linger": 0.3, "connect_deadline": 5, "publish_deadline": 10,
+//	 "connect_options": {"name": "web", "token": "s3cret"}}
 func ParseConfig(doc []byte) (Config, error) {
 	var raw struct {
 		Servers         json.RawMessage `json:"servers"`
@@ -285,6 +309,8 @@ func ParseConfig(doc []byte) (Config, error) {
 		GroupExpiry     seconds         `json:"group_expiry"`
 		MailboxGrace    seconds         `json:"mailbox_grace"`
 		ReleaseLinger   seconds         `json:"release_linger"`
+		ConnectDeadline seconds         `json:"connect_deadline"`
+		PublishDeadline seconds         `json:"publish_deadline"`
 		ConnectOptions  json.RawMessage `json:"connect_options"`
 	}
 	if err := decodeStrict(doc, &raw, "config"); err != nil {
@@ -293,7 +319,8 @@ func ParseConfig(doc []byte) (Config, error) {
 	c := Config{
 		Prefix: raw.Prefix, Expiry: time.Duration(raw.Expiry), Capacity: raw.Capacity,
 		GroupExpiry: time.Duration(raw.GroupExpiry), MailboxGrace: time.Duration(raw.MailboxGrace),
-		ReleaseLinger: time.Duration(raw.ReleaseLinger),
+		ReleaseLinger: time.Duration(raw.ReleaseLinger), ConnectDeadline: time.Duration(raw.ConnectDeadline),
+		PublishDeadline: time.Duration(raw.PublishDeadline),
 	}
 	var err error
 	if c.Servers, err = parseServers(raw.Servers); err != nil {
@@ -317,11 +344,13 @@ func ParseConfig(doc []byte) (Config, error) {
 			DontRandomize       bool    `json:"dont_randomize"`
 			ReconnectWait       seconds `json:"reconnect_time_wait"`
 			MaxReconnects       *int    `json:"max_reconnect_attempts"`
-			ReconnectBufferSize int     `json:"reconnect_buffer_size"`
+			PendingSize         int     `json:"pending_size"`
 			ConnectTimeout      seconds `json:"connect_timeout"`
 			DrainTimeout        seconds `json:"drain_timeout"`
 			FlushTimeout        seconds `json:"flush_timeout"`
 			PendingMsgsLimit    int     `json:"pending_msgs_limit"`
+			PingInterval        seconds `json:"ping_interval"`
+			MaxPingsOutstanding int     `json:"max_pings_outstanding"`
 		}
 		if err := decodeStrict(raw.ConnectOptions, &o, "connect_options"); err != nil {
 			return Config{}, err
@@ -330,9 +359,10 @@ func ParseConfig(doc []byte) (Config, error) {
 			Name: o.Name, Token: o.Token, User: o.User, Password: o.Password, CredsFile: o.Creds,
 			NkeySeedFile: o.NkeySeed, TLSCertFile: o.TLSCert, TLSKeyFile: o.TLSKey, TLSCAFile: o.TLSCA,
 			TLSFirst: o.TLSFirst, NoRandomize: o.DontRandomize, ReconnectWait: time.Duration(o.ReconnectWait),
-			ReconnectBufferSize: o.ReconnectBufferSize, ConnectTimeout: time.Duration(o.ConnectTimeout),
+			PendingSize: o.PendingSize, ConnectTimeout: time.Duration(o.ConnectTimeout),
 			DrainTimeout: time.Duration(o.DrainTimeout), FlushTimeout: time.Duration(o.FlushTimeout),
-			PendingMsgsLimit: o.PendingMsgsLimit,
+			PendingMsgsLimit: o.PendingMsgsLimit, PingInterval: time.Duration(o.PingInterval),
+			MaxPingsOutstanding: o.MaxPingsOutstanding,
 		}
 		if o.MaxReconnects != nil {
 			c.Connection.MaxReconnects = *o.MaxReconnects

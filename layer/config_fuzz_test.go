@@ -51,7 +51,9 @@ func configSeeds() []string {
 		`{"connect_options":{"max_reconnect_attempts":-3}}`,
 		`{"connect_options":{"max_reconnect_attempts":-2,"pending_msgs_limit":-1}}`,
 		`{"connect_options":{"tls_cert":"x"}}`,
-		`{"connect_options":{"reconnect_buffer_size":1e40,"connect_timeout":-5}}`,
+		`{"connect_options":{"pending_size":1e40,"connect_timeout":-5}}`,
+		`{"connect_options":{"ping_interval":-1,"max_pings_outstanding":-1}}`,
+		`{"connect_deadline":-1,"publish_deadline":1e300}`,
 		`{"connect_options":[]}`,
 		`{"connect_options":"x"}`,
 		`{} {}`,
@@ -95,7 +97,8 @@ func checkSaneConfig(t *testing.T, c Config) {
 		"expiry": c.Expiry, "group_expiry": c.GroupExpiry, "mailbox_grace": c.MailboxGrace,
 		"release_linger": c.ReleaseLinger, "reconnect_wait": c.Connection.ReconnectWait,
 		"connect_timeout": c.Connection.ConnectTimeout, "drain_timeout": c.Connection.DrainTimeout,
-		"flush_timeout": c.Connection.FlushTimeout,
+		"flush_timeout": c.Connection.FlushTimeout, "connect_deadline": c.ConnectDeadline,
+		"publish_deadline": c.PublishDeadline, "ping_interval": c.Connection.PingInterval,
 	}
 	for name, d := range durations {
 		if d <= 0 { // zero is replaced by the default, negative is refused
@@ -105,9 +108,9 @@ func checkSaneConfig(t *testing.T, c Config) {
 	if c.Capacity <= 0 {
 		t.Fatalf("accepted config has capacity %d", c.Capacity)
 	}
-	if c.Connection.PendingMsgsLimit <= 0 || c.Connection.ReconnectBufferSize <= 0 {
-		t.Fatalf("accepted config has pending_msgs_limit %d, reconnect_buffer_size %d",
-			c.Connection.PendingMsgsLimit, c.Connection.ReconnectBufferSize)
+	if c.Connection.PendingMsgsLimit <= 0 || c.Connection.PendingSize <= 0 || c.Connection.MaxPingsOutstanding <= 0 {
+		t.Fatalf("accepted config has pending_msgs_limit %d, pending_size %d, max_pings_outstanding %d",
+			c.Connection.PendingMsgsLimit, c.Connection.PendingSize, c.Connection.MaxPingsOutstanding)
 	}
 	if c.Connection.MaxReconnects == 0 || c.Connection.MaxReconnects < NoReconnect {
 		t.Fatalf("accepted config has max_reconnects %d", c.Connection.MaxReconnects)

@@ -18,6 +18,8 @@ const fullConfig = `{
 	"group_expiry": 3600.5,
 	"mailbox_grace": 12,
 	"release_linger": 0.3,
+	"connect_deadline": 2.5,
+	"publish_deadline": 7,
 	"connect_options": {
 		"name": "web-1",
 		"token": "s3cret",
@@ -32,11 +34,13 @@ const fullConfig = `{
 		"dont_randomize": true,
 		"reconnect_time_wait": 0.25,
 		"max_reconnect_attempts": 7,
-		"reconnect_buffer_size": 1048576,
+		"pending_size": 1048576,
 		"connect_timeout": 1.5,
 		"drain_timeout": 3,
 		"flush_timeout": 0.75,
-		"pending_msgs_limit": 1000
+		"pending_msgs_limit": 1000,
+		"ping_interval": 0.5,
+		"max_pings_outstanding": 3
 	}
 }`
 
@@ -46,20 +50,23 @@ func TestParseConfigFull(t *testing.T) {
 		t.Fatalf("ParseConfig: %v", err)
 	}
 	want := Config{
-		Servers:       []string{"nats://a:4222", "tls://user:pw@b:4443"},
-		Prefix:        "my-app",
-		Expiry:        30 * time.Second,
-		Capacity:      250,
-		GroupExpiry:   3600*time.Second + 500*time.Millisecond,
-		MailboxGrace:  12 * time.Second,
-		ReleaseLinger: 300 * time.Millisecond,
+		Servers:         []string{"nats://a:4222", "tls://user:pw@b:4443"},
+		Prefix:          "my-app",
+		Expiry:          30 * time.Second,
+		Capacity:        250,
+		GroupExpiry:     3600*time.Second + 500*time.Millisecond,
+		MailboxGrace:    12 * time.Second,
+		ReleaseLinger:   300 * time.Millisecond,
+		ConnectDeadline: 2500 * time.Millisecond,
+		PublishDeadline: 7 * time.Second,
 		Connection: ConnectionOptions{
 			Name: "web-1", Token: "s3cret", User: "alice", Password: "hunter2",
 			CredsFile: "/etc/nats/app.creds", NkeySeedFile: "/etc/nats/seed.nk",
 			TLSCertFile: "/etc/nats/cert.pem", TLSKeyFile: "/etc/nats/key.pem", TLSCAFile: "/etc/nats/ca.pem",
 			TLSFirst: true, NoRandomize: true, ReconnectWait: 250 * time.Millisecond, MaxReconnects: 7,
-			ReconnectBufferSize: 1 << 20, ConnectTimeout: 1500 * time.Millisecond,
+			PendingSize: 1 << 20, ConnectTimeout: 1500 * time.Millisecond,
 			DrainTimeout: 3 * time.Second, FlushTimeout: 750 * time.Millisecond, PendingMsgsLimit: 1000,
+			PingInterval: 500 * time.Millisecond, MaxPingsOutstanding: 3,
 		},
 	}
 	rules := c.ChannelCapacity
@@ -163,9 +170,11 @@ func TestParseConfigUnknownKeys(t *testing.T) {
 		doc      string
 		contains []string
 	}{
-		{`{"capacty": 5}`, []string{"capacty", "known keys", "capacity", "servers", "prefix", "expiry", "channel_capacity", "group_expiry", "mailbox_grace", "release_linger", "connect_options"}},
+		{`{"capacty": 5}`, []string{"capacty", "known keys", "capacity", "servers", "prefix", "expiry", "channel_capacity", "group_expiry", "mailbox_grace", "release_linger", "connect_deadline", "publish_deadline", "connect_options"}},
 		{`{"servers": "nats://a:4222", "hosts": ["x"]}`, []string{"hosts", "known keys", "capacity", "servers"}},
-		{`{"connect_options": {"tokn": "x"}}`, []string{"connect_options", "tokn", "known keys", "token", "user", "password", "creds", "nkey_seed", "tls_cert", "tls_key", "tls_ca", "tls_handshake_first", "dont_randomize", "reconnect_time_wait", "max_reconnect_attempts", "reconnect_buffer_size", "connect_timeout", "drain_timeout", "flush_timeout", "pending_msgs_limit", "name"}},
+		{`{"connect_options": {"tokn": "x"}}`, []string{"connect_options", "tokn", "known keys", "token", "user", "password", "creds", "nkey_seed", "tls_cert", "tls_key", "tls_ca", "tls_handshake_first", "dont_randomize", "reconnect_time_wait", "max_reconnect_attempts", "pending_size", "connect_timeout", "drain_timeout", "flush_timeout", "pending_msgs_limit", "ping_interval", "max_pings_outstanding", "name"}},
+		// The option pending_size replaced is refused by name, not silently ignored.
+		{`{"connect_options": {"reconnect_buffer_size": 1048576}}`, []string{"reconnect_buffer_size", "known keys", "pending_size"}},
 	} {
 		_, err := ParseConfig([]byte(tc.doc))
 		if err == nil {
@@ -349,10 +358,12 @@ func TestWithDefaults(t *testing.T) {
 	want := Config{
 		Servers: []string{DefaultServer}, Prefix: DefaultPrefix, Expiry: DefaultExpiry, Capacity: DefaultCapacity,
 		GroupExpiry: DefaultGroupExpiry, MailboxGrace: DefaultMailboxGrace, ReleaseLinger: DefaultReleaseLinger,
+		ConnectDeadline: DefaultConnectDeadline, PublishDeadline: DefaultPublishDeadline,
 		Connection: ConnectionOptions{
-			ReconnectWait: DefaultReconnectWait, MaxReconnects: -1, ReconnectBufferSize: DefaultReconnectBuffer,
+			ReconnectWait: DefaultReconnectWait, MaxReconnects: -1, PendingSize: DefaultPendingSize,
 			ConnectTimeout: DefaultConnectTimeout, DrainTimeout: DefaultDrainTimeout,
 			FlushTimeout: DefaultFlushTimeout, PendingMsgsLimit: DefaultPendingMsgsLimit,
+			PingInterval: DefaultPingInterval, MaxPingsOutstanding: DefaultMaxPingsOut,
 		},
 	}
 	if !reflect.DeepEqual(d, want) {
@@ -374,6 +385,11 @@ func TestWithDefaults(t *testing.T) {
 		{"DefaultMailboxGrace", DefaultMailboxGrace, 60 * time.Second},
 		{"DefaultReleaseLinger", DefaultReleaseLinger, 300 * time.Millisecond},
 		{"DefaultDrainTimeout", DefaultDrainTimeout, 2 * time.Second},
+		{"DefaultConnectDeadline", DefaultConnectDeadline, 5 * time.Second},
+		{"DefaultPublishDeadline", DefaultPublishDeadline, 10 * time.Second},
+		{"DefaultPendingSize", DefaultPendingSize, 2 * 1024 * 1024},
+		{"DefaultPingInterval", DefaultPingInterval, 4 * time.Second},
+		{"DefaultMaxPingsOut", DefaultMaxPingsOut, 2},
 	} {
 		if !reflect.DeepEqual(tc.got, tc.want) {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -384,9 +400,11 @@ func TestWithDefaults(t *testing.T) {
 	var logged []string
 	set := Config{
 		Servers: []string{"nats://x:1"}, Prefix: "p", Expiry: time.Second, Capacity: 1, GroupExpiry: 2 * time.Second,
-		MailboxGrace: 3 * time.Second, ReleaseLinger: time.Millisecond,
-		Connection: ConnectionOptions{ReconnectWait: 4 * time.Second, MaxReconnects: 3, ReconnectBufferSize: 5,
-			ConnectTimeout: 6 * time.Second, DrainTimeout: 7 * time.Second, FlushTimeout: 8 * time.Second, PendingMsgsLimit: 9},
+		MailboxGrace: 3 * time.Second, ReleaseLinger: time.Millisecond, ConnectDeadline: 10 * time.Second,
+		PublishDeadline: 11 * time.Second,
+		Connection: ConnectionOptions{ReconnectWait: 4 * time.Second, MaxReconnects: 3, PendingSize: 5,
+			ConnectTimeout: 6 * time.Second, DrainTimeout: 7 * time.Second, FlushTimeout: 8 * time.Second, PendingMsgsLimit: 9,
+			PingInterval: 12 * time.Second, MaxPingsOutstanding: 13},
 		Log: func(_ Level, m string) { logged = append(logged, m) },
 	}
 	got, err := set.WithDefaults()
@@ -419,7 +437,11 @@ func TestConfigCheck(t *testing.T) {
 		{"negative reconnect_wait", Config{Connection: ConnectionOptions{ReconnectWait: -1}}, "reconnect_wait"},
 		{"negative capacity", Config{Capacity: -1}, "capacity"},
 		{"negative pending limit", Config{Connection: ConnectionOptions{PendingMsgsLimit: -1}}, "pending_msgs_limit"},
-		{"negative reconnect buffer", Config{Connection: ConnectionOptions{ReconnectBufferSize: -1}}, "reconnect_buffer_size"},
+		{"negative pending_size", Config{Connection: ConnectionOptions{PendingSize: -1}}, "pending_size"},
+		{"negative connect_deadline", Config{ConnectDeadline: -1}, "connect_deadline"},
+		{"negative publish_deadline", Config{PublishDeadline: -1}, "publish_deadline"},
+		{"negative ping_interval", Config{Connection: ConnectionOptions{PingInterval: -1}}, "ping_interval"},
+		{"negative max_pings_outstanding", Config{Connection: ConnectionOptions{MaxPingsOutstanding: -1}}, "max_pings_outstanding"},
 		{"max reconnects below NoReconnect", Config{Connection: ConnectionOptions{MaxReconnects: -3}}, "max_reconnect_attempts"},
 		{"bad prefix", Config{Prefix: "a..b"}, "a..b"},
 		{"prefix with a space", Config{Prefix: "my app"}, "my app"},

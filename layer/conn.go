@@ -2,21 +2,124 @@ package layer
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 )
 
-// dial opens a NATS connection with the configured options. closed is closed when that
-// connection is closed for good, whoever closed it.
-func (l *Layer) dial(ctx context.Context) (nc *nats.Conn, closed chan struct{}, err error) {
-	closed = make(chan struct{})
-	opts, err := l.natsOptions(closed)
+// dialer opens the layer's sockets and remembers them, so that Close can cut one that a stuck
+// write holds: nats.go writes while holding its connection lock, and a socket that takes nothing
+// would keep even nats.go's own Close waiting until the write deadline.
+type dialer struct {
+	timeout time.Duration
+	mu      sync.Mutex
+	open    map[*trackedConn]struct{}
+}
+
+func newDialer(timeout time.Duration) *dialer {
+	return &dialer{timeout: timeout, open: map[*trackedConn]struct{}{}}
+}
+
+// Dial is nats.CustomDialer's method.
+func (d *dialer) Dial(network, address string) (net.Conn, error) {
+	c, err := net.DialTimeout(network, address, d.timeout)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
+	}
+	t := &trackedConn{Conn: c, d: d}
+	d.mu.Lock()
+	d.open[t] = struct{}{}
+	d.mu.Unlock()
+	return t, nil
+}
+
+// cutAll closes every socket the dialer opened that is still open.
+func (d *dialer) cutAll() {
+	d.mu.Lock()
+	open := make([]*trackedConn, 0, len(d.open))
+	for c := range d.open {
+		open = append(open, c)
+	}
+	d.mu.Unlock()
+	for _, c := range open {
+		_ = c.Close()
+	}
+}
+
+type trackedConn struct {
+	net.Conn
+	d *dialer
+}
+
+func (c *trackedConn) Close() error {
+	c.d.mu.Lock()
+	delete(c.d.open, c)
+	c.d.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// connectFirst opens the first connection, trying again while the servers cannot be reached
+// until ConnectDeadline (retries included) or ctx ends. Refusals that another try would not
+// change (bad credentials, TLS, a bad option) end it at once.
+func (l *Layer) connectFirst(ctx context.Context) (*nats.Conn, error) {
+	deadline := time.Now().Add(l.cfg.ConnectDeadline)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	pause := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		nc, err := l.dial(ctx)
+		if err == nil {
+			return nc, nil
+		}
+		if !retryableConnect(err) {
+			return nil, l.connectError(err)
+		}
+		if time.Until(deadline) <= pause || ctx.Err() != nil {
+			if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w (connect_deadline %s, %d attempt(s))", l.connectError(err), l.cfg.ConnectDeadline, attempt)
+		}
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+		}
+		pause = min(pause*2, l.cfg.Connection.ReconnectWait)
+	}
+}
+
+func (l *Layer) connectError(err error) error {
+	return fmt.Errorf("channels_nats: cannot connect to %s: %w", l.redact.text(strings.Join(l.cfg.Servers, ", ")), l.redact.err(err))
+}
+
+// retryableConnect: the server could not be reached or did not answer, which may change. A TLS
+// refusal (a certificate required or not trusted) arrives as a network error too, but another
+// try would meet the same refusal.
+func retryableConnect(err error) bool {
+	var netErr *net.OpError
+	var alert tls.AlertError
+	var certErr *tls.CertificateVerificationError
+	if errors.As(err, &alert) || errors.As(err, &certErr) || strings.Contains(err.Error(), "tls") ||
+		strings.Contains(err.Error(), "x509") {
+		return false
+	}
+	return errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, io.EOF) ||
+		errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr)
+}
+
+// dial opens a NATS connection with the configured options, within ctx.
+func (l *Layer) dial(ctx context.Context) (*nats.Conn, error) {
+	opts, err := l.natsOptions()
+	if err != nil {
+		return nil, err
 	}
 	type result struct {
 		nc  *nats.Conn
@@ -29,46 +132,41 @@ func (l *Layer) dial(ctx context.Context) (nc *nats.Conn, closed chan struct{}, 
 	}()
 	select {
 	case r := <-got:
-		if r.err != nil {
-			return nil, nil, fmt.Errorf("channels_nats: cannot connect to %s: %w", redact(strings.Join(l.cfg.Servers, ", ")), redactErr(r.err))
+		if r.err == nil && ctx.Err() != nil { // both were ready: the ctx wins
+			r.nc.Close()
+			return nil, ctx.Err()
 		}
-		return r.nc, closed, nil
+		return r.nc, r.err
 	case <-ctx.Done():
 		go func() { // the connect is bounded by connect_timeout; do not leak its socket
 			if r := <-got; r.nc != nil {
 				r.nc.Close()
 			}
 		}()
-		return nil, nil, ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
-func (l *Layer) natsOptions(closed chan struct{}) ([]nats.Option, error) {
+func (l *Layer) natsOptions() ([]nats.Option, error) {
 	o := l.cfg.Connection
 	opts := []nats.Option{
 		nats.Name(o.Name),
+		nats.SetCustomDialer(l.dialer),
 		nats.ReconnectWait(o.ReconnectWait),
-		nats.ReconnectBufSize(o.ReconnectBufferSize),
+		// The link buffers publishes across outages itself, bounded, and counts what it loses:
+		// nats.go must refuse them while it reconnects instead of keeping them.
+		nats.ReconnectBufSize(-1),
 		nats.Timeout(o.ConnectTimeout),
-		nats.DrainTimeout(o.DrainTimeout),
-		nats.FlusherTimeout(o.FlushTimeout),
-		nats.ClosedHandler(func(nc *nats.Conn) {
-			close(closed)
-			l.connectionClosed(nc)
-		}),
+		nats.PingInterval(o.PingInterval),
+		nats.MaxPingsOutstanding(o.MaxPingsOutstanding),
+		// A write that takes nothing for as long as the pings allow means the link is dead. A
+		// shorter bound would tear down a link that only stalled, and while a write waits,
+		// nats.go cannot send its pings.
+		nats.FlusherTimeout(o.PingInterval * time.Duration(o.MaxPingsOutstanding+1)),
+		nats.ClosedHandler(l.connectionClosed),
 		nats.ErrorHandler(l.asyncError),
-		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
-			if err != nil && !nc.IsClosed() {
-				l.log(LevelWarning, fmt.Sprintf("channels_nats: disconnected from NATS (%s); reconnecting", redact(err.Error())))
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			l.counters.reconnects.Add(1)
-			l.mu.Lock()
-			n := len(l.subs)
-			l.mu.Unlock()
-			l.log(LevelWarning, fmt.Sprintf("channels_nats: reconnected to %s; %d subscription(s) restored", redact(nc.ConnectedUrlRedacted()), n))
-		}),
+		nats.DisconnectErrHandler(l.disconnected),
+		nats.ReconnectHandler(l.reconnected),
 	}
 	switch o.MaxReconnects {
 	case NoReconnect:
@@ -107,6 +205,33 @@ func (l *Layer) natsOptions(closed chan struct{}) ([]nats.Option, error) {
 	return opts, nil
 }
 
+// installConnection makes nc the layer's connection (the first, or a replacement).
+func (l *Layer) installConnection(nc *nats.Conn) {
+	l.maxPayload.Store(nc.MaxPayload())
+	l.connected.Store(true)
+	l.link.install(nc)
+	l.subscriptionsChanged()
+}
+
+func (l *Layer) disconnected(nc *nats.Conn, err error) {
+	l.connected.Store(false)
+	l.link.disconnected(nc)
+	if err != nil && !nc.IsClosed() {
+		l.log(LevelWarning, fmt.Sprintf("channels_nats: disconnected from NATS (%s); reconnecting", l.redact.text(err.Error())))
+	}
+}
+
+func (l *Layer) reconnected(nc *nats.Conn) {
+	l.counters.reconnects.Add(1)
+	l.maxPayload.Store(nc.MaxPayload())
+	l.connected.Store(true)
+	l.link.connected(nc)
+	l.mu.Lock()
+	n := len(l.subs)
+	l.mu.Unlock()
+	l.log(LevelWarning, fmt.Sprintf("channels_nats: reconnected to %s; %d subscription(s) restored", l.redact.text(nc.ConnectedUrlRedacted()), n))
+}
+
 // asyncError receives nats.go's asynchronous errors. A slow consumer means the connection
 // dropped messages before the dispatcher saw them (S3); the count is read from the subscription.
 func (l *Layer) asyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
@@ -121,54 +246,10 @@ func (l *Layer) asyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
 	if sub != nil {
 		subject = " on " + sub.Subject
 	}
-	l.log(LevelError, fmt.Sprintf("channels_nats: NATS error%s: %s", subject, redact(err.Error())))
+	l.log(LevelError, fmt.Sprintf("channels_nats: NATS error%s: %s", subject, l.redact.text(err.Error())))
 }
 
-// connection returns a usable connection. When the last one was closed for good it joins (or
-// starts) a reconnect attempt and waits for it within ctx. A publish gives up after one failed
-// attempt (what it would send is lost anyway); a subscription (persist) keeps waiting for the
-// recovery until ctx ends, so a change made during the outage is restored, not dropped.
-func (l *Layer) connection(ctx context.Context, persist bool) (*nats.Conn, error) {
-	for {
-		l.mu.Lock()
-		if l.closed {
-			l.mu.Unlock()
-			return nil, ErrClosed
-		}
-		if nc := l.nc; !nc.IsClosed() {
-			l.mu.Unlock()
-			return nc, nil
-		}
-		if mustNotWait(ctx) {
-			l.mu.Unlock()
-			return nil, ErrWouldBlock
-		}
-		a := l.reconnectLocked()
-		l.mu.Unlock()
-		select {
-		case <-a.done:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		if a.err == nil {
-			continue
-		}
-		if !persist || errors.Is(a.err, ErrClosed) {
-			return nil, a.err
-		}
-		select { // the background recovery retries too; look again shortly
-		case <-time.After(retryPause):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
-
-// retryPause is how long a waiting subscription pauses between two failed reconnect attempts.
-const retryPause = 250 * time.Millisecond
-
-// reconnectAttempt is one try at replacing a connection that was closed for good. Concurrent
-// callers share it.
+// reconnectAttempt is one try at replacing a connection that was closed for good.
 type reconnectAttempt struct {
 	done chan struct{}
 	err  error
@@ -191,7 +272,9 @@ func (l *Layer) reconnectLocked() *reconnectAttempt {
 	return a
 }
 
-// replaceConnection opens a new connection and restores every subscription on it (S17).
+// replaceConnection opens a new connection, makes every subscription on it and has the server
+// confirm them, then hands it to the link (S17). The link writes nothing meanwhile: its
+// connection is closed, so the subscription changes queued during the outage run after this.
 func (l *Layer) replaceConnection() error {
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Connection.ConnectTimeout*time.Duration(len(l.cfg.Servers))+time.Second)
 	defer cancel()
@@ -202,9 +285,25 @@ func (l *Layer) replaceConnection() error {
 		case <-ctx.Done():
 		}
 	}()
-	nc, closed, err := l.dial(ctx)
+	nc, err := l.dial(ctx)
 	if err != nil {
-		return err
+		return l.connectError(err)
+	}
+	l.mu.Lock()
+	wanted := make([]*subscription, 0, len(l.subs))
+	for _, s := range l.subs {
+		wanted = append(wanted, s)
+	}
+	l.mu.Unlock()
+	for _, s := range wanted {
+		if err := l.subscribeOn(nc, s); err != nil {
+			nc.Close() // no connection with missing subscriptions is left behind
+			return fmt.Errorf("channels_nats: cannot restore the subscription on %s: %w", s.subject, err)
+		}
+	}
+	if err := nc.FlushTimeout(l.cfg.Connection.FlushTimeout); err != nil {
+		nc.Close()
+		return fmt.Errorf("channels_nats: the server did not confirm the restored subscriptions: %w", l.redact.err(err))
 	}
 	l.mu.Lock()
 	if l.closed {
@@ -212,35 +311,26 @@ func (l *Layer) replaceConnection() error {
 		nc.Close()
 		return ErrClosed
 	}
-	restored := 0
-	for _, s := range l.subs {
-		l.retireDrops(s)
-		if err := s.subscribe(nc, l.inbox); err != nil {
-			l.mu.Unlock()
-			nc.Close() // no open connection with missing subscriptions is left behind
-			return fmt.Errorf("channels_nats: cannot restore the subscription on %s: %w", s.subject, err)
-		}
-		restored++
+	for _, s := range wanted {
+		s.confirmed = s.nc == nc && s.sub != nil
 	}
-	l.nc, l.ncClosed = nc, closed
 	l.mu.Unlock()
-	if err := nc.FlushTimeout(l.cfg.Connection.FlushTimeout); err != nil {
-		nc.Close()
-		return fmt.Errorf("channels_nats: the server did not confirm the restored subscriptions: %w", redactErr(err))
-	}
+	l.installConnection(nc)
 	l.counters.recoveries.Add(1)
-	l.log(LevelWarning, fmt.Sprintf("channels_nats: the NATS connection was closed; reconnected and restored %d subscription(s)", restored))
+	l.log(LevelWarning, fmt.Sprintf("channels_nats: the NATS connection was closed; reconnected and restored %d subscription(s)", len(wanted)))
 	return nil
 }
 
 // connectionClosed runs when a connection is closed for good. Unless the layer itself is
 // closing, it starts the background recovery, so that a process that only receives comes back too.
 func (l *Layer) connectionClosed(nc *nats.Conn) {
+	l.link.disconnected(nc)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || nc != l.nc {
+	if l.closed || nc != l.link.conn() {
 		return
 	}
+	l.connected.Store(false)
 	for _, s := range l.subs {
 		s.confirmed = false // until the new connection confirms it again (S1)
 	}
@@ -264,7 +354,7 @@ func (l *Layer) recover() {
 	backoff := 500 * time.Millisecond
 	for {
 		l.mu.Lock()
-		if l.closed || !l.nc.IsClosed() {
+		if l.closed || l.connected.Load() {
 			l.mu.Unlock()
 			return
 		}
@@ -278,7 +368,7 @@ func (l *Layer) recover() {
 		if a.err == nil || errors.Is(a.err, ErrClosed) {
 			continue // the loop head sees the new connection, or the close
 		}
-		l.log(LevelWarning, fmt.Sprintf("channels_nats: reconnect failed (%s); trying again in %.1fs", redact(a.err.Error()), backoff.Seconds()))
+		l.log(LevelWarning, fmt.Sprintf("channels_nats: reconnect failed (%s); trying again in %.1fs", l.redact.text(a.err.Error()), backoff.Seconds()))
 		select {
 		case <-time.After(backoff):
 		case <-l.done:

@@ -36,7 +36,7 @@ func TestDeliveriesHookBracketsABurst(t *testing.T) {
 		}
 		msgGroupAdd(t, l, "burst", channel)
 		delivered.Add(1)
-		if _, p, err := l.StartReceive(ctxT(t, 5*time.Second), channel, func(_ Message, err error) {
+		if _, p, err := l.StartReceive(channel, func(_ Message, err error) {
 			if err == nil {
 				record("deliver")
 				delivered.Done()

@@ -19,7 +19,7 @@ type handoff struct {
 
 // handoffs holds the messages given to waiters, in the order they were given (under the layer
 // lock), until the dispatch goroutine delivers them outside the lock. One goroutine delivering in
-// that order keeps a stream's messages in order, put-backs included (S10, S14).
+// that order keeps the order of arrival, put-backs included (S10, S14).
 type handoffs struct {
 	queued []handoff // guarded by Layer.mu
 	spare  []handoff // the dispatcher's: queued's next backing array, so delivering allocates nothing
@@ -54,7 +54,7 @@ func (l *Layer) deliverHandoffs() {
 			l.cfg.Deliveries(true)
 		}
 		for _, h := range batch {
-			h.w.deliver(h.msg, nil)
+			l.handTo(h.w.op, h.w.deliver, h.msg)
 		}
 		if l.cfg.Deliveries != nil {
 			l.cfg.Deliveries(false)
@@ -62,6 +62,16 @@ func (l *Layer) deliverHandoffs() {
 		clear(batch) // let the bodies be collected
 	}
 	l.handoffs.spare = batch[:0]
+}
+
+// handTo delivers msg to a receive, or gives it back when the receive was cancelled after the
+// message was handed over (S14).
+func (l *Layer) handTo(op *Op, deliver func(Message, error), msg Message) {
+	if op.finishUndoable(func() { l.giveBack(msg) }) {
+		deliver(msg, nil)
+	} else {
+		l.giveBack(msg)
+	}
 }
 
 func (l *Layer) route(m *nats.Msg) {
@@ -74,7 +84,6 @@ func (l *Layer) route(m *nats.Msg) {
 		return // not ours: cannot happen with the subjects this layer subscribes to
 	}
 	kind, name, _ := strings.Cut(rest, ".")
-	var handBack bool
 
 	l.mu.Lock()
 	if l.closed {
@@ -91,7 +100,7 @@ func (l *Layer) route(m *nats.Msg) {
 		nonLocal, _, isProcess := strings.Cut(target, "!")
 		if !isProcess || nonLocal != name {
 			l.mu.Unlock()
-			l.countBadFrame(m.Subject, fmt.Sprintf("its %s header %q does not name a process channel of %s", ChannelHeader, target, name))
+			l.countBadFrame(m.Subject, fmt.Sprintf("its %s header %s does not name a process channel of %s", ChannelHeader, quoteName(target), name))
 			return
 		}
 		mb := l.mailboxes[target]
@@ -99,7 +108,7 @@ func (l *Layer) route(m *nats.Msg) {
 			mb = l.mailboxes[nonLocal+"!"] // S13: the process-prefix mailbox takes the rest
 		}
 		if mb == nil {
-			l.countNoMailbox(target)
+			l.countNoMailbox(m.Subject, target)
 		} else {
 			l.enqueue(mb, m.Data, now)
 		}
@@ -107,7 +116,7 @@ func (l *Layer) route(m *nats.Msg) {
 		if mb := l.mailboxes[name]; mb != nil && mb.plain {
 			l.enqueue(mb, m.Data, now)
 		} else {
-			handBack = true // it was in flight when the channel was released
+			l.handBack(m.Subject, [][]byte{m.Data}) // it was in flight when the channel was released
 		}
 	case "grp":
 		g := l.groups[name]
@@ -124,12 +133,7 @@ func (l *Layer) route(m *nats.Msg) {
 			l.enqueue(mb, m.Data, now)
 		}
 	}
-	nc := l.nc
 	l.mu.Unlock()
-
-	if handBack {
-		l.handBack(nc, m.Subject, [][]byte{m.Data})
-	}
 }
 
 // enqueue puts one arrived message into mb, or hands it straight to a waiting receive.
@@ -140,10 +144,9 @@ func (l *Layer) enqueue(mb *mailbox, body []byte, now time.Time) {
 		l.handOver(w, Message{Body: body, Channel: mb.name, mb: mb, at: now}, now)
 		return
 	}
-	if len(mb.entries) >= mb.capacity {
-		l.countExpired(mb.dropExpired(now, l.cfg.Expiry))
-	}
-	if len(mb.entries) >= mb.capacity {
+	ok, expired := mb.push(entry{now, body}, l.cfg.Expiry)
+	l.countExpired(expired)
+	if !ok {
 		l.counters.capacity.Add(1)
 		mb.dropping = true
 		capacity := mb.capacity
@@ -152,7 +155,6 @@ func (l *Layer) enqueue(mb *mailbox, body []byte, now time.Time) {
 		})
 		return
 	}
-	mb.entries = append(mb.entries, entry{now, body})
 	if mb.dropping {
 		mb.dropping = false
 		if n := l.drops.recovered("capacity", mb.name); n > 0 {
@@ -174,11 +176,14 @@ func (l *Layer) countExpired(n int) {
 	}
 }
 
-func (l *Layer) countNoMailbox(channel string) {
+// countNoMailbox counts a message for a process channel that has no mailbox here. Warnings are
+// limited per subject, not per name: the names come from whoever publishes.
+func (l *Layer) countNoMailbox(subject, channel string) {
 	l.counters.noMailbox.Add(1)
-	l.drops.drop("no mailbox", channel, 1, time.Now(), func(total uint64) string {
-		return fmt.Sprintf("channels_nats: dropped a message for %s: this client has no mailbox for it (reclaimed "+
-			"after mailbox_grace, or never made) and nothing receives on its prefix; %d so far", channel, total)
+	l.drops.drop("no mailbox", subject, 1, time.Now(), func(total uint64) string {
+		return fmt.Sprintf("channels_nats: dropped a message on %s for %s: this client has no mailbox for it (reclaimed "+
+			"after mailbox_grace, or never made) and nothing receives on its prefix; %d so far on this subject",
+			subject, quoteName(channel), total)
 	})
 }
 
@@ -191,14 +196,9 @@ func (l *Layer) countBadFrame(subject, why string) {
 }
 
 // handBack re-publishes messages of a released plain channel on its subject, so another reader
-// of the queue group gets them (S6). The UNSUB went out first on the same connection, so they
-// do not come back here.
-func (l *Layer) handBack(nc *nats.Conn, subject string, bodies [][]byte) {
-	for _, body := range bodies {
-		if err := nc.Publish(subject, body); err != nil {
-			l.log(LevelWarning, fmt.Sprintf("channels_nats: could not hand back %d message(s) on %s (%s)", len(bodies), subject, redact(err.Error())))
-			return
-		}
-		l.counters.handedBack.Add(1)
-	}
+// of the queue group gets them (S6). The link writes them after the UNSUB it was given first,
+// so they do not come back here. l.mu may be held.
+func (l *Layer) handBack(subject string, bodies [][]byte) {
+	l.link.republish(subject, bodies)
+	l.counters.handedBack.Add(uint64(len(bodies)))
 }

@@ -7,7 +7,7 @@ package layer
 // connection is closed for good (S17, C20), a plain reader that stops without being cancelled
 // (S6), a message close to 1 MB (C6), a message sent before anyone subscribed (S1) and two first
 // receives waiting on one held-back confirmation (ref 39). Servers are embedded and real; the
-// confirmation is held back with the lcProxy of lifecycle_test.go.
+// confirmation is held back with the fault proxy (lcStartProxy in lifecycle_test.go).
 
 import (
 	"bytes"
@@ -16,6 +16,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/channels-nats/channels-nats/internal/faultproxy"
 )
 
 // ---------------------------------------------------------------------------------------------
@@ -56,9 +58,7 @@ func edgeMailboxNames(l *Layer) []string {
 
 // edgeNATSSubs is how many NATS subscriptions l's current connection holds.
 func edgeNATSSubs(l *Layer) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.nc.NumSubscriptions()
+	return l.link.conn().NumSubscriptions()
 }
 
 // edgeServerSubs counts the server-side subscriptions of the connection named name on subject
@@ -101,7 +101,7 @@ func edgeNoResult[T any](t *testing.T, what string, chans ...<-chan T) {
 func TestEdgeNewChannelCancelledWhileConfirming(t *testing.T) {
 	s := startServer(t)
 	px := lcStartProxy(t, s.url())
-	cfg := testConfig(nil, px.url())
+	cfg := testConfig(nil, px.URL())
 	cfg.MailboxGrace = 200 * time.Millisecond
 	a := connect(t, cfg)
 	b := connect(t, testConfig(nil, s.url()))
@@ -112,7 +112,7 @@ func TestEdgeNewChannelCancelledWhileConfirming(t *testing.T) {
 		name string
 		err  error
 	}
-	px.pause()
+	px.Stop(faultproxy.Down)
 	octx, cancel := context.WithCancel(ctx)
 	done := make(chan result, 1)
 	go func() {
@@ -146,19 +146,24 @@ func TestEdgeNewChannelCancelledWhileConfirming(t *testing.T) {
 		name, err := a.NewChannel(ctxT(t, 300*time.Millisecond), "")
 		second <- result{name, err}
 	}()
-	waitFor(t, 5*time.Second, "the second NewChannel waiting for its confirmation", func() bool { return edgeSubscribing(a) == 1 })
-	for _, name := range edgeMailboxNames(a) {
-		if name != orphans[0] {
-			orphans = append(orphans, name)
+	// The cancelled call's goroutine lets go of its mailbox on its own time: wait for the
+	// second call's mailbox, not for a count the first may still hold.
+	waitFor(t, 5*time.Second, "the second NewChannel waiting for its confirmation", func() bool {
+		for _, name := range edgeMailboxNames(a) {
+			if name != orphans[0] && edgeSubscribingOn(a, name) == 1 {
+				orphans = append(orphans, name)
+				return true
+			}
 		}
-	}
+		return false
+	})
 	if r := <-second; !errors.Is(r.err, context.DeadlineExceeded) {
 		t.Fatalf("NewChannel while the confirmation is still held back: %q, %v; want context.DeadlineExceeded", r.name, r.err)
 	}
 	if len(orphans) != 2 {
 		t.Fatalf("mailboxes of the two unfinished NewChannels: %v, want 2", orphans)
 	}
-	px.resume()
+	px.Pass()
 
 	pc, err := a.NewChannel(ctx, "")
 	if err != nil {
@@ -217,9 +222,10 @@ func TestEdgeGroupKeepsPlainMemberWhenProcessMemberLeaves(t *testing.T) {
 	if lcSub(a, groupKey(group)) != nil {
 		t.Error("the group's process subscription outlived its last process member")
 	}
-	if natsGroupSub.IsValid() {
-		t.Error("the NATS subscription of the group's process subscription was not unsubscribed")
-	}
+	// The link unsubscribes it, after whatever it was asked before.
+	waitFor(t, 5*time.Second, "the NATS subscription of the group's process subscription to be unsubscribed", func() bool {
+		return !natsGroupSub.IsValid()
+	})
 	if lcSub(a, memberKey(group, plain)) != memberSub || !natsMemberSub.IsValid() {
 		t.Error("the (group, plain) queue subscription was dropped with the process member")
 	}
@@ -539,12 +545,12 @@ func TestEdgeSendBeforeSubscribeIsLost(t *testing.T) {
 func TestEdgeConcurrentFirstReceivesShareOneConfirmation(t *testing.T) {
 	s := startServer(t)
 	px := lcStartProxy(t, s.url())
-	a := connect(t, msgNamed(nil, "edge-39", px.url()))
+	a := connect(t, msgNamed(nil, "edge-39", px.URL()))
 	b := connect(t, testConfig(nil, s.url()))
 	ctx := ctxT(t, 15*time.Second)
 	const ch = "edge-concurrent"
 
-	px.pause()
+	px.Stop(faultproxy.Down)
 	r1 := lcRecvAsync(ctx, a, ch)
 	waitFor(t, 5*time.Second, "the first receive waiting for its confirmation", func() bool { return edgeSubscribingOn(a, ch) == 1 })
 	r2 := lcRecvAsync(ctx, a, ch)
@@ -557,7 +563,7 @@ func TestEdgeConcurrentFirstReceivesShareOneConfirmation(t *testing.T) {
 	if lcConfirmed(a, channelKey(ch)) || lcWaiters(a, ch) != 0 {
 		t.Errorf("while the PONG is held back: confirmed %v, %d waiter(s); want false, 0", lcConfirmed(a, channelKey(ch)), lcWaiters(a, ch))
 	}
-	px.resume()
+	px.Pass()
 
 	lcReady(t, a, channelKey(ch), ch, 2)
 	rsRoundTrip(t, a)
@@ -576,5 +582,51 @@ func TestEdgeConcurrentFirstReceivesShareOneConfirmation(t *testing.T) {
 	}
 	if seen["1"] != 1 || seen["2"] != 1 {
 		t.Errorf("the two receives got %v, want 1 and 2 once each", seen)
+	}
+}
+
+// ---------------------------------------------------------------------------------------------
+// A group_add that Flush overtakes must end
+
+// TestEdgeGroupAddOvertakenByFlushEnds (ref 69, S1, S15): a StartGroupAdd whose confirmation is
+// held back (the proxy holds what the server sends) is overtaken by Flush, which drops the
+// subscriptions it waited for. Once the server answers again the operation must end: done is
+// called (whatever its error), and the mailbox no longer counts an operation waiting for a
+// subscription, so the channel can be reclaimed or released.
+func TestEdgeGroupAddOvertakenByFlushEnds(t *testing.T) {
+	for _, plain := range []bool{false, true} {
+		t.Run(map[bool]string{false: "process member", true: "plain member"}[plain], func(t *testing.T) {
+			s := startServer(t)
+			px := lcStartProxy(t, s.url())
+			a := connect(t, lcLingerConfig(px.URL(), 100*time.Millisecond))
+			member := "edge-flushed-plain"
+			if !plain {
+				member = msgNewChannel(t, a)
+			}
+			px.Stop(faultproxy.Down)
+			done := make(chan error, 1)
+			op, err := a.StartGroupAdd("edge-flushed", member, func(err error) { done <- err })
+			if err != nil || op == nil {
+				t.Fatalf("StartGroupAdd with the confirmation held back: op=%v err=%v, want a pending Op", op, err)
+			}
+			waitFor(t, 5*time.Second, "the group_add to wait for its confirmation", func() bool {
+				return edgeSubscribingOn(a, member) == 1
+			})
+			if err := a.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			px.Pass()
+			select {
+			case err := <-done:
+				t.Logf("the overtaken StartGroupAdd ended with %v", err)
+			case <-time.After(5 * time.Second):
+				t.Errorf("a StartGroupAdd overtaken by Flush never finished: Op pending %v, %d operation(s) of %s still wait for a subscription",
+					op.pending(), edgeSubscribingOn(a, member), member)
+				op.Cancel() // end it, so the layer closes cleanly
+				return
+			}
+			waitFor(t, 5*time.Second, "no operation left waiting", func() bool { return edgeSubscribingOn(a, member) == 0 })
+			lcCheckConsistent(t, a)
+		})
 	}
 }

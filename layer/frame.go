@@ -27,12 +27,21 @@ const ReservedKey = "__asgi_channel__"
 // maxFrameDepth bounds nesting so that no peer's recursive decoder overflows its stack.
 const maxFrameDepth = 512
 
+// What a message may expand to when it is decoded is bounded: it may hold at most MaxContainers
+// maps and arrays, or one per ContainerBytes bytes of body if that is more. An empty map is one
+// byte on the wire and some 60 bytes as a Python dict, so a megabyte of nothing else would
+// decode to some 60 megabytes; real messages (records of a few fields) stay far below the bound.
+const (
+	MaxContainers  = 4096
+	ContainerBytes = 8
+)
+
 var errTruncated = errors.New("truncated")
 
 // ValidateFrame checks that body is a valid wire message (see FrameError). It does not allocate
 // and reads each byte once, so the dispatcher can run it on every inbound frame.
 func ValidateFrame(body []byte) error {
-	r := frameReader{buf: body}
+	r := newFrameReader(body)
 	n, ok := r.mapHeader()
 	if !ok {
 		if r.err != nil {
@@ -56,7 +65,7 @@ func validateOutbound(body []byte) error {
 	if err := ValidateFrame(body); err != nil {
 		return err
 	}
-	r := frameReader{buf: body}
+	r := newFrameReader(body)
 	n, _ := r.mapHeader()
 	for i := 0; i < n; i++ {
 		start := r.pos
@@ -70,11 +79,16 @@ func validateOutbound(body []byte) error {
 }
 
 type frameReader struct {
-	buf      []byte
-	pos      int
-	keyStart int // where the bytes of the last string key begin
-	err      error
-	errAt    int
+	buf        []byte
+	pos        int
+	keyStart   int // where the bytes of the last string key begin
+	containers int // maps and arrays the rest of the frame may still hold
+	err        error
+	errAt      int
+}
+
+func newFrameReader(body []byte) frameReader {
+	return frameReader{buf: body, containers: max(MaxContainers, len(body)/ContainerBytes)}
 }
 
 func (r *frameReader) fail(reason string) bool {
@@ -251,7 +265,20 @@ func (r *frameReader) value(depth int) bool {
 	return r.fail("ext types are not part of the wire contract")
 }
 
+// container counts one more map or array against the frame's bound.
+func (r *frameReader) container() bool {
+	r.containers--
+	if r.containers < 0 {
+		return r.fail(fmt.Sprintf("more than %d maps and arrays, and more than one per %d bytes: "+
+			"it would expand too much when decoded", MaxContainers, ContainerBytes))
+	}
+	return true
+}
+
 func (r *frameReader) arrayItems(n, depth int) bool {
+	if !r.container() {
+		return false
+	}
 	for i := 0; i < n; i++ {
 		if !r.value(depth + 1) {
 			return false
@@ -261,6 +288,9 @@ func (r *frameReader) arrayItems(n, depth int) bool {
 }
 
 func (r *frameReader) mapEntries(n, depth int) bool {
+	if !r.container() {
+		return false
+	}
 	for i := 0; i < n; i++ {
 		if !r.key() || !r.value(depth+1) {
 			return false

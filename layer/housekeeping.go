@@ -30,11 +30,6 @@ func (l *Layer) sweepInterval() time.Duration {
 }
 
 func (l *Layer) sweep(now time.Time) {
-	type handBack struct {
-		subject string
-		bodies  [][]byte
-	}
-	var handBacks []handBack
 	var expired []string
 
 	l.mu.Lock()
@@ -47,9 +42,7 @@ func (l *Layer) sweep(now time.Time) {
 		switch {
 		case mb.idle() && now.Sub(mb.activeAt) > l.cfg.MailboxGrace:
 			if mb.plain {
-				if bodies := l.release(mb, now); len(bodies) > 0 {
-					handBacks = append(handBacks, handBack{l.subj.channel(mb.name), bodies})
-				}
+				l.release(mb, now)
 			} else {
 				l.discard(mb, now)
 			}
@@ -63,12 +56,7 @@ func (l *Layer) sweep(now time.Time) {
 	for _, s := range l.subs {
 		l.retireDrops(s)
 	}
-	nc := l.nc
 	l.mu.Unlock()
-
-	for _, h := range handBacks {
-		l.handBack(nc, h.subject, h.bodies)
-	}
 }
 
 // expireMember takes channel out of every group, because nothing read it for GroupExpiry (S18).
@@ -86,4 +74,57 @@ func (l *Layer) expireMember(channel string) {
 	l.counters.groupsExpired.Add(uint64(len(left)))
 	l.log(LevelWarning, fmt.Sprintf("channels_nats: %s left %d group(s) after %s without a reader (group_expiry); "+
 		"a consumer that stops reading should call group_discard", channel, len(left), l.cfg.GroupExpiry))
+}
+
+// scheduleRelease releases plain channel mailbox mb once it has been idle for ReleaseLinger since
+// the last reader left (S6). l.mu must be held.
+func (l *Layer) scheduleRelease(mb *mailbox) {
+	if mb.discharged {
+		return
+	}
+	mb.releaseAt = time.Now().Add(l.cfg.ReleaseLinger)
+	if !mb.lingering {
+		mb.lingering = true
+		l.releaseAfter(mb, l.cfg.ReleaseLinger)
+	}
+}
+
+// releaseAfter arms the linger timer of mb; a reader that left meanwhile pushes the release back.
+func (l *Layer) releaseAfter(mb *mailbox, d time.Duration) {
+	time.AfterFunc(d, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if wait := time.Until(mb.releaseAt); wait > 0 && !l.closed && !mb.discharged {
+			l.releaseAfter(mb, wait)
+			return
+		}
+		mb.lingering = false
+		if !l.closed && !mb.discharged && mb.idle() {
+			l.release(mb, time.Now())
+		}
+	})
+}
+
+// release removes plain channel mailbox mb and its subscription and hands back the messages it
+// still held (S6). l.mu must be held.
+func (l *Layer) release(mb *mailbox, now time.Time) {
+	l.discard(mb, now)
+	l.drop(channelKey(mb.name))
+	if len(mb.entries) == 0 {
+		return
+	}
+	bodies := make([][]byte, len(mb.entries))
+	for i, e := range mb.entries {
+		bodies[i] = e.body
+	}
+	mb.entries = nil
+	l.handBack(l.subj.channel(mb.name), bodies)
+}
+
+// discard removes mb from the layer, counting what expired in it. l.mu must be held.
+func (l *Layer) discard(mb *mailbox, now time.Time) {
+	l.countExpired(mb.dropExpired(now, l.cfg.Expiry))
+	delete(l.mailboxes, mb.name)
+	mb.discharged = true
+	l.drops.forget("capacity", mb.name)
 }

@@ -19,14 +19,15 @@ const Version = "0.1.0"
 
 // Errors returned by the Layer. Errors about names are *NameError, about bodies *FrameError.
 var (
-	// ErrClosed ends every call made after Close, and every receive that was waiting when Close ran.
+	// ErrClosed ends every call made after Close, and every operation that was pending when
+	// Close ran.
 	ErrClosed = errors.New("channels_nats: the layer is closed")
 	// ErrMessageTooLarge is matched (errors.Is) by a *MessageTooLargeError.
 	ErrMessageTooLarge = errors.New("channels_nats: message too large")
 	// ErrForeignChannel is matched (errors.Is) by a *ForeignChannelError.
 	ErrForeignChannel = errors.New("channels_nats: process channel of another client")
-	// ErrWouldBlock is returned instead of waiting on the network when the context came from NoWait.
-	ErrWouldBlock = errors.New("channels_nats: the operation would block")
+	// ErrPublishTimeout is matched (errors.Is) by a *PublishTimeoutError.
+	ErrPublishTimeout = errors.New("channels_nats: publish timed out")
 )
 
 // MessageTooLargeError reports a message whose body and headers exceed the server's max_payload
@@ -58,47 +59,63 @@ func (e *ForeignChannelError) Error() string {
 // Is makes errors.Is(err, ErrForeignChannel) true.
 func (e *ForeignChannelError) Is(target error) bool { return target == ErrForeignChannel }
 
-type noWaitKey struct{}
+// PublishTimeoutError reports a send that waited PublishDeadline for room in the outbound
+// buffer: the connection took nothing for that long (a frozen server, a stalled link, an
+// outage). Nothing of the message was sent.
+type PublishTimeoutError struct {
+	Subject  string
+	Deadline time.Duration
+	Reason   string // why the connection took nothing
+}
 
-// NoWait returns a context under which calls that would wait on the network (a subscription
-// confirmation, a reconnect) return ErrWouldBlock at once instead, having changed nothing. Hosts
-// use it to finish an operation on the calling thread when it can be finished without waiting,
-// and to start it on another thread otherwise.
-func NoWait(ctx context.Context) context.Context { return context.WithValue(ctx, noWaitKey{}, true) }
+// Error names the subject, the deadline and the state of the connection.
+func (e *PublishTimeoutError) Error() string {
+	return fmt.Sprintf("channels_nats: could not publish on %s within publish_deadline (%s): %s; nothing was sent",
+		e.Subject, e.Deadline, e.Reason)
+}
 
-func mustNotWait(ctx context.Context) bool { return ctx.Value(noWaitKey{}) != nil }
+// Is makes errors.Is(err, ErrPublishTimeout) true.
+func (e *PublishTimeoutError) Is(target error) bool { return target == ErrPublishTimeout }
 
 // Layer is a channel layer client: one NATS connection, its mailboxes, groups and subscriptions.
 // Close ends it for good; open a new one with Connect.
 type Layer struct {
 	cfg      Config
 	subj     subjects
-	clientID string // 12 lowercase hex, the id in every name NewChannel returns
-	log      LogFunc
+	clientID string  // 12 lowercase hex, the id in every name NewChannel returns
+	log      LogFunc // cfg.Log behind the redactor
+	redact   *redactor
 	drops    *dropReporter
 	counters counters
+	link     *link              // every write to the connection goes through it
+	dialer   *dialer            // the sockets of this layer's connections, to cut a stuck one at close
+	ctx      context.Context    // ends when Close begins: every pending operation's wait derives from it
+	stop     context.CancelFunc // ends ctx
 
 	inbox    chan *nats.Msg // every subscription delivers here, so one dispatcher sees arrival order
 	wake     chan struct{}  // asks housekeeping to look at slow-consumer drops now
-	kick     chan struct{}  // asks the dispatcher to deliver handoffs that PutBack queued
-	done     chan struct{}  // closed by Close: stops the goroutines below
+	kick     chan struct{}  // asks the dispatcher to deliver handoffs queued outside it
+	done     chan struct{}  // closed by Close once no operation can start: stops the goroutines below
 	routines sync.WaitGroup // dispatcher, housekeeping, recovery
+	ops      sync.WaitGroup // goroutines of pending operations
 
-	mu         sync.Mutex
-	closed     bool
-	nc         *nats.Conn
-	ncClosed   chan struct{} // closed when nc is closed for good
-	attempt    *reconnectAttempt
-	recovering bool // a background recovery loop runs
-	mailboxes  map[string]*mailbox
-	groups     map[string]*groupMembers
-	subs       map[subKey]*subscription
-	handoffs   handoffs
+	connected  atomic.Bool  // the connection is up (kept by nats.go's handlers; reading nc would lock it)
+	maxPayload atomic.Int64 // the server's max_payload, read when a connection is made
+
+	mu          sync.Mutex
+	closed      bool
+	attempt     *reconnectAttempt
+	recovering  bool // a background recovery loop runs
+	mailboxes   map[string]*mailbox
+	groups      map[string]*groupMembers
+	subs        map[subKey]*subscription
+	subsChanged chan struct{} // closed and replaced whenever a subscription is made or fails
+	handoffs    handoffs
 }
 
 // counters are the Stats counters that are updated without the layer lock.
 type counters struct {
-	published, delivered                  atomic.Uint64
+	delivered                             atomic.Uint64
 	capacity, expired, slowConsumer       atomic.Uint64
 	badFrame, noMailbox, handedBack       atomic.Uint64
 	reconnects, recoveries, groupsExpired atomic.Uint64
@@ -107,7 +124,7 @@ type counters struct {
 // Stats are the layer's counters (S20). Counts are since Connect.
 type Stats struct {
 	ClientID  string `json:"client_id"`
-	Published uint64 `json:"published"` // messages published by Send and GroupSend
+	Published uint64 `json:"published"` // messages accepted by Send and GroupSend
 	Delivered uint64 `json:"delivered"` // messages returned by receives
 	Dropped   struct {
 		Capacity     uint64 `json:"capacity"`      // a full mailbox refused them (S2)
@@ -116,6 +133,14 @@ type Stats struct {
 		BadFrame     uint64 `json:"bad_frame"`     // not a Channels message (S8)
 		NoMailbox    uint64 `json:"no_mailbox"`    // no mailbox here for their process channel
 	} `json:"dropped"`
+	// Lost counts publishes that were accepted and did not reach the server: unconfirmed when
+	// their connection failed, refused by a new server, or still queued when the layer closed.
+	Lost            Tally  `json:"lost"`
+	PublishTimeouts uint64 `json:"publish_timeouts"` // sends that failed after PublishDeadline (not lost: the caller was told)
+	Outbound        struct {
+		Bytes   int `json:"bytes"`   // bytes of accepted publishes not handed to the connection yet
+		Waiting int `json:"waiting"` // sends waiting for room
+	} `json:"outbound"`
 	HandedBack    uint64 `json:"handed_back"`    // re-published when a plain channel was released (S6)
 	Reconnects    uint64 `json:"reconnects"`     // reconnects made by nats.go
 	Recoveries    uint64 `json:"recoveries"`     // new connections after a close for good (S17)
@@ -126,34 +151,52 @@ type Stats struct {
 	Connected     bool   `json:"connected"`
 }
 
-// Connect opens a Layer: it connects to NATS and starts the dispatcher. ctx bounds the connect.
+// Tally is a count of messages and their bytes.
+type Tally struct {
+	Messages uint64 `json:"messages"`
+	Bytes    uint64 `json:"bytes"`
+}
+
+func (t *Tally) add(o Tally) { t.Messages, t.Bytes = t.Messages+o.Messages, t.Bytes+o.Bytes }
+
+func (t Tally) minus(o Tally) Tally { return Tally{t.Messages - o.Messages, t.Bytes - o.Bytes} }
+
+// Connect opens a Layer: it connects to NATS, retrying within ConnectDeadline, and starts the
+// dispatcher. ctx bounds the connect too.
 func Connect(ctx context.Context, cfg Config) (*Layer, error) {
 	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		return nil, err
 	}
 	l := &Layer{
-		cfg:       cfg,
-		subj:      subjects{cfg.Prefix},
-		clientID:  randomHex(6),
-		log:       cfg.Log,
-		drops:     newDropReporter(cfg.Log),
-		inbox:     make(chan *nats.Msg, cfg.Connection.PendingMsgsLimit),
-		wake:      make(chan struct{}, 1),
-		done:      make(chan struct{}),
-		kick:      make(chan struct{}, 1),
-		mailboxes: map[string]*mailbox{},
-		groups:    map[string]*groupMembers{},
-		subs:      map[subKey]*subscription{},
+		cfg:         cfg,
+		subj:        subjects{cfg.Prefix},
+		clientID:    randomHex(6),
+		redact:      newRedactor(&cfg),
+		dialer:      newDialer(cfg.Connection.ConnectTimeout),
+		inbox:       make(chan *nats.Msg, cfg.Connection.PendingMsgsLimit),
+		wake:        make(chan struct{}, 1),
+		done:        make(chan struct{}),
+		kick:        make(chan struct{}, 1),
+		mailboxes:   map[string]*mailbox{},
+		groups:      map[string]*groupMembers{},
+		subs:        map[subKey]*subscription{},
+		subsChanged: make(chan struct{}),
 	}
-	nc, closedCh, err := l.dial(ctx)
+	l.log = func(level Level, message string) { cfg.Log(level, l.redact.text(message)) }
+	l.drops = newDropReporter(l.log)
+	l.ctx, l.stop = context.WithCancel(context.Background())
+	l.link = newLink(l)
+	nc, err := l.connectFirst(ctx)
 	if err != nil {
+		l.stop()
 		return nil, err
 	}
-	l.nc, l.ncClosed = nc, closedCh
+	l.installConnection(nc)
 	l.routines.Add(2)
 	go l.dispatch()
 	go l.housekeep()
+	l.link.start()
 	return l, nil
 }
 
@@ -169,9 +212,6 @@ func (l *Layer) ClientID() string { return l.clientID }
 // Prefix is the subject prefix in use.
 func (l *Layer) Prefix() string { return l.cfg.Prefix }
 
-// Expiry is how long a message may wait in a mailbox (S4).
-func (l *Layer) Expiry() time.Duration { return l.cfg.Expiry }
-
 // owns reports whether process channel name was handed out by this client: the last token before
 // "!" is its client id.
 func (l *Layer) owns(name string) bool {
@@ -179,10 +219,19 @@ func (l *Layer) owns(name string) bool {
 	return nonLocal == l.clientID || strings.HasSuffix(nonLocal, "."+l.clientID)
 }
 
-// Close ends the layer (S16): waiting receives end with ErrClosed, publishes still buffered are
-// drained within the drain timeout, and the connection is closed. It never fails; what could not
-// be sent is logged. After Close returns, no callback of this layer runs. It must not be called
-// from a receive callback.
+// spawn runs f for a pending operation on a goroutine that Close waits for.
+func (l *Layer) spawn(f func()) {
+	l.ops.Add(1)
+	go func() {
+		defer l.ops.Done()
+		f()
+	}()
+}
+
+// Close ends the layer (S16): pending operations end with ErrClosed, publishes still queued are
+// written within the drain timeout, and the connection is closed. It never fails; what could
+// not be sent is counted and logged. After Close returns, no callback of this layer runs. It
+// must not be called from a callback of this layer.
 func (l *Layer) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -196,47 +245,54 @@ func (l *Layer) Close() error {
 		mb.discharged = true
 	}
 	l.mailboxes, l.groups = map[string]*mailbox{}, map[string]*groupMembers{}
-	nc, ncClosed := l.nc, l.ncClosed
 	l.mu.Unlock()
 
+	l.stop()
+	l.link.refuse() // sends waiting for room end with ErrClosed; the queue is still written
+	l.ops.Wait()    // pending subscriptions and receives have ended
 	close(l.done)
 	l.routines.Wait() // the dispatcher has delivered its last message
 	for _, w := range ended {
-		w.deliver(Message{}, ErrClosed)
+		if w.op.finish() {
+			w.deliver(Message{}, ErrClosed)
+		}
 	}
-	if nc != nil {
-		l.drain(nc, ncClosed)
-	}
+	l.link.drain(l.cfg.Connection.DrainTimeout)
 	return nil
 }
 
-// drain lets buffered publishes go out, bounded by the drain timeout, then closes nc. What could
-// not go out is logged.
-func (l *Layer) drain(nc *nats.Conn, closed <-chan struct{}) {
-	timeout := l.cfg.Connection.DrainTimeout
-	// Measured first: a drain that fails (while reconnecting, say) closes the connection itself.
-	pending := 0
-	if n, err := nc.Buffered(); err == nil {
-		pending = n
+// Flush resets this client's state (S15): mailboxes, memberships and subscriptions. Receives
+// that are waiting keep waiting on emptied mailboxes, with the subscriptions they need. It does
+// not wait on the network and does not fail on a dead connection.
+func (l *Layer) Flush() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
 	}
-	err := nc.Drain()
-	if err == nil {
-		select {
-		case <-closed:
-			return
-		case <-time.After(timeout + 250*time.Millisecond):
-			err = fmt.Errorf("not drained within %s", timeout)
+	kept := map[string]*mailbox{}
+	keptProcesses := map[string]bool{}
+	for name, mb := range l.mailboxes {
+		clear(mb.entries)
+		mb.entries, mb.groups, mb.dropping = nil, 0, false
+		l.drops.forget("capacity", name)
+		if len(mb.waiters) == 0 && mb.subscribing == 0 {
+			mb.discharged = true
+			continue
+		}
+		kept[name] = mb
+		if nonLocal, _, ok := strings.Cut(name, "!"); ok {
+			keptProcesses[nonLocal] = true
 		}
 	}
-	if n, bufErr := nc.Buffered(); bufErr == nil {
-		pending = n
+	l.mailboxes, l.groups = kept, map[string]*groupMembers{}
+	for k := range l.subs {
+		needed := k.kind == subProcess && keptProcesses[k.name] || k.kind == subChannel && kept[k.name] != nil
+		if !needed {
+			l.drop(k)
+		}
 	}
-	nc.Close()
-	if errors.Is(err, nats.ErrConnectionClosed) && pending == 0 {
-		return // closed for good earlier: nothing was waiting to go out
-	}
-	l.log(LevelWarning, fmt.Sprintf("channels_nats: could not drain the connection on close (%s); "+
-		"closed it instead, %d byte(s) of publishes did not go out", redact(err.Error()), pending))
+	return nil
 }
 
 // Stats returns the counters (S20).
@@ -245,14 +301,15 @@ func (l *Layer) Stats() Stats {
 	var s Stats
 	c := &l.counters
 	s.ClientID = l.clientID
-	s.Published, s.Delivered = c.published.Load(), c.delivered.Load()
+	s.Delivered = c.delivered.Load()
 	s.Dropped.Capacity, s.Dropped.Expired = c.capacity.Load(), c.expired.Load()
 	s.Dropped.SlowConsumer, s.Dropped.BadFrame = c.slowConsumer.Load(), c.badFrame.Load()
 	s.Dropped.NoMailbox, s.HandedBack = c.noMailbox.Load(), c.handedBack.Load()
 	s.Reconnects, s.Recoveries, s.GroupsExpired = c.reconnects.Load(), c.recoveries.Load(), c.groupsExpired.Load()
+	l.link.stats(&s)
 	l.mu.Lock()
 	s.Subscriptions, s.Mailboxes, s.Groups = len(l.subs), len(l.mailboxes), len(l.groups)
-	s.Connected = !l.closed && l.nc != nil && l.nc.IsConnected()
+	s.Connected = !l.closed && l.connected.Load()
 	l.mu.Unlock()
 	return s
 }

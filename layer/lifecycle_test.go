@@ -2,7 +2,7 @@ package layer
 
 // Lifecycle tests against a real embedded nats-server: cancellation (S14), mailbox reclaim (S5),
 // plain channel release and hand-back (S6), flush (S15), close (S16), group expiry (S18), slow
-// consumer drops (S3) and NoWait. Reference tests are cited as "ref N" (anchor section 5a).
+// consumer drops (S3) and the Start* forms that never wait. Reference tests are cited as "ref N" (anchor section 5a).
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/channels-nats/channels-nats/internal/faultproxy"
 	"github.com/nats-io/nats.go"
 )
 
@@ -243,10 +244,11 @@ func lcCheckConsistent(t testing.TB, l *Layer) {
 // a receive that starts waiting, then is cancelled (the linger release is scheduled).
 func lcSubscribePlain(t testing.TB, l *Layer, channel string) {
 	t.Helper()
-	_, p, err := l.StartReceive(ctxT(t, 5*time.Second), channel, func(Message, error) {})
+	_, p, err := l.StartReceive(channel, func(Message, error) {})
 	if err != nil || p == nil {
 		t.Fatalf("subscribing %s: pending=%v err=%v", channel, p, err)
 	}
+	msgAwaitListed(t, l, channel, p) // the subscription is confirmed
 	if !p.Cancel() {
 		t.Fatalf("cancel of the subscribing receive on %s returned false", channel)
 	}
@@ -294,97 +296,17 @@ func (c *lcCollector) count(n string) int {
 	return c.seen[n]
 }
 
-// lcProxy forwards TCP between clients and a nats-server. While paused it holds back what the
-// server sends, so a subscription confirmation (PING/PONG) can be kept waiting on purpose.
-type lcProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cond   *sync.Cond
-	paused bool
-	conns  []net.Conn
-}
-
-func lcStartProxy(t testing.TB, target string) *lcProxy {
+// lcStartProxy starts a fault proxy to target for the test. px.Stop(faultproxy.Down) holds back
+// what the server sends, so a subscription confirmation (PING/PONG) can be kept waiting on
+// purpose; px.Pass() lets it through.
+func lcStartProxy(t testing.TB, target string) *faultproxy.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := faultproxy.Start(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &lcProxy{ln: ln, target: strings.TrimPrefix(target, "nats://")}
-	p.cond = sync.NewCond(&p.mu)
-	go p.accept()
-	t.Cleanup(p.close)
+	t.Cleanup(func() { _ = p.Close() })
 	return p
-}
-
-func (p *lcProxy) url() string { return "nats://" + p.ln.Addr().String() }
-
-func (p *lcProxy) accept() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, client, server)
-		p.mu.Unlock()
-		go p.pipe(server, client, false)
-		go p.pipe(client, server, true)
-	}
-}
-
-// pipe copies src to dst; downstream (server to client) traffic waits while paused.
-func (p *lcProxy) pipe(dst, src net.Conn, downstream bool) {
-	defer dst.Close()
-	defer src.Close()
-	buf := make([]byte, 32*1024)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if downstream {
-				p.mu.Lock()
-				for p.paused {
-					p.cond.Wait()
-				}
-				p.mu.Unlock()
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (p *lcProxy) pause() {
-	p.mu.Lock()
-	p.paused = true
-	p.mu.Unlock()
-}
-
-func (p *lcProxy) resume() {
-	p.mu.Lock()
-	p.paused = false
-	p.cond.Broadcast()
-	p.mu.Unlock()
-}
-
-func (p *lcProxy) close() {
-	p.ln.Close()
-	p.resume()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
-	}
 }
 
 // lcSubscribing reports whether an operation on name waits for its subscription's confirmation.
@@ -600,18 +522,25 @@ func TestLifecycleReceiveCancelledAfterHandOver(t *testing.T) {
 	if len(held) != 1 {
 		t.Fatalf("%d hand-overs, want 1", len(held))
 	}
+	// The receive's context ends while its hand-over is held: the receive is withdrawn at once
+	// (its Op was still pending), and the hand-over, delivered later, finds it cancelled.
+	cancelled := time.Now()
 	cancel()
-	time.Sleep(100 * time.Millisecond) // the receive sees its context end and waits for the hand-over
-	select {
-	case res := <-r:
-		t.Fatalf("the receive returned before its hand-over was delivered: %q, %v", res.body, res.err)
-	default:
-	}
-	held[0].w.deliver(held[0].msg, nil)
 	res := lcAwait(t, r, 2*time.Second, "cancelled receive")
 	if !errors.Is(res.err, context.Canceled) || res.body != nil {
 		t.Fatalf("cancelled receive returned %q, %v; want context.Canceled", res.body, res.err)
 	}
+	if d := time.Since(cancelled); d > 250*time.Millisecond {
+		t.Errorf("the cancelled receive returned after %s", d)
+	}
+	if !held[0].w.op.cancelled() {
+		t.Fatal("the receive returned context.Canceled but its Op was not cancelled")
+	}
+	a.mu.Lock()
+	a.handoffs.queued = append(held, a.handoffs.queued...)
+	a.mu.Unlock()
+	a.kick <- struct{}{} // the dispatcher delivers the held hand-over: it goes back to the front
+	waitFor(t, 5*time.Second, "the held message back in the mailbox", func() bool { return lcEntries(a, ch) == 2 })
 	if n := lcEntries(a, ch); n != 2 {
 		t.Fatalf("the mailbox holds %d, want 2", n)
 	}
@@ -627,7 +556,7 @@ func TestLifecycleReceiveCancelledAfterHandOver(t *testing.T) {
 }
 
 // TestLifecyclePendingReceiveCancel: Cancel before delivery returns true and the callback never
-// runs; after a hand-over Cancel returns false and PutBack returns the message to the front (S14).
+// runs; after a hand-over Cancel returns false and Retract gives the message back to the front (S14).
 func TestLifecyclePendingReceiveCancel(t *testing.T) {
 	s := startServer(t)
 	a := connect(t, testConfig(nil, s.url()))
@@ -639,7 +568,7 @@ func TestLifecyclePendingReceiveCancel(t *testing.T) {
 	}
 
 	var called atomic.Bool
-	m, p, err := a.StartReceive(ctx, ch, func(Message, error) { called.Store(true) })
+	m, p, err := a.StartReceive(ch, func(Message, error) { called.Store(true) })
 	if err != nil || p == nil || m.Body != nil {
 		t.Fatalf("StartReceive on an empty mailbox: msg=%q pending=%v err=%v", m.Body, p, err)
 	}
@@ -657,7 +586,7 @@ func TestLifecyclePendingReceiveCancel(t *testing.T) {
 	}
 
 	handed := make(chan Message, 1)
-	_, p, err = a.StartReceive(ctx, ch, func(m Message, err error) {
+	_, p, err = a.StartReceive(ch, func(m Message, err error) {
 		if err != nil {
 			t.Errorf("callback error: %v", err)
 		}
@@ -673,17 +602,21 @@ func TestLifecyclePendingReceiveCancel(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the callback did not run")
 	}
+	if n := lcN(t, first.Body); n != "first" {
+		t.Fatalf("the callback got %q, want first", n)
+	}
 	if p.Cancel() {
 		t.Fatal("Cancel after the message was handed over returned true")
 	}
 	lcSend(t, b, ch, "second")
 	waitFor(t, 5*time.Second, "the second message in the mailbox", func() bool { return lcEntries(a, ch) == 1 })
-	a.PutBack(first)
+	p.Retract() // the host's consumer was cancelled after the callback ran
+	p.Retract() // only the first call acts
 	if n := lcEntries(a, ch); n != 2 {
-		t.Fatalf("after PutBack the mailbox holds %d, want 2", n)
+		t.Fatalf("after Retract the mailbox holds %d, want 2", n)
 	}
 	if got := lcRecv(t, a, ch, 5*time.Second); got != "first" {
-		t.Fatalf("after PutBack the next receive got %q, want first", got)
+		t.Fatalf("after Retract the next receive got %q, want first", got)
 	}
 	if got := lcRecv(t, a, ch, 5*time.Second); got != "second" {
 		t.Fatalf("then got %q, want second", got)
@@ -693,7 +626,7 @@ func TestLifecyclePendingReceiveCancel(t *testing.T) {
 	}
 }
 
-// TestLifecyclePutBackHandsToWaitingReceive: a put-back message goes to a receive that is waiting.
+// TestLifecyclePutBackHandsToWaitingReceive: a retracted message goes to a receive that is waiting.
 func TestLifecyclePutBackHandsToWaitingReceive(t *testing.T) {
 	s := startServer(t)
 	a := connect(t, testConfig(nil, s.url()))
@@ -704,8 +637,9 @@ func TestLifecyclePutBackHandsToWaitingReceive(t *testing.T) {
 		t.Fatal(err)
 	}
 	got1 := make(chan Message, 1)
-	if _, p, err := a.StartReceive(ctx, ch, func(m Message, _ error) { got1 <- m }); err != nil || p == nil {
-		t.Fatalf("pending=%v err=%v", p, err)
+	_, p1, err := a.StartReceive(ch, func(m Message, _ error) { got1 <- m })
+	if err != nil || p1 == nil {
+		t.Fatalf("pending=%v err=%v", p1, err)
 	}
 	lcSend(t, b, ch, "x")
 	var m Message
@@ -716,7 +650,7 @@ func TestLifecyclePutBackHandsToWaitingReceive(t *testing.T) {
 	}
 
 	got2 := make(chan Message, 1)
-	_, p2, err := a.StartReceive(ctx, ch, func(m Message, err error) {
+	_, p2, err := a.StartReceive(ch, func(m Message, err error) {
 		if err != nil {
 			t.Errorf("callback error: %v", err)
 		}
@@ -725,7 +659,10 @@ func TestLifecyclePutBackHandsToWaitingReceive(t *testing.T) {
 	if err != nil || p2 == nil {
 		t.Fatalf("second receive: pending=%v err=%v", p2, err)
 	}
-	a.PutBack(m)
+	if n := lcN(t, m.Body); n != "x" {
+		t.Fatalf("the first receive got %q, want x", n)
+	}
+	p1.Retract() // the host could not take it: it goes to the waiting receive
 	select {
 	case m2 := <-got2:
 		if n := lcN(t, m2.Body); n != "x" {
@@ -745,7 +682,7 @@ func TestLifecyclePutBackHandsToWaitingReceive(t *testing.T) {
 	}
 }
 
-// TestLifecyclePutBackAfterPlainRelease: a message put back after its plain channel was released
+// TestLifecyclePutBackAfterPlainRelease: a message retracted after its plain channel was released
 // is re-published, so another reader of the channel gets it (S6, S14).
 func TestLifecyclePutBackAfterPlainRelease(t *testing.T) {
 	s := startServer(t)
@@ -758,9 +695,11 @@ func TestLifecyclePutBackAfterPlainRelease(t *testing.T) {
 	const ch = "putback-plain"
 
 	got := make(chan Message, 1)
-	if _, p, err := a.StartReceive(ctx, ch, func(m Message, _ error) { got <- m }); err != nil || p == nil {
+	_, p, err := a.StartReceive(ch, func(m Message, _ error) { got <- m })
+	if err != nil || p == nil {
 		t.Fatalf("pending=%v err=%v", p, err)
 	}
+	msgAwaitListed(t, a, ch, p)
 	lcSend(t, sender, ch, "kept")
 	var m Message
 	select {
@@ -773,7 +712,10 @@ func TestLifecyclePutBackAfterPlainRelease(t *testing.T) {
 
 	bGot := lcRecvAsync(ctx, b, ch)
 	lcReady(t, b, channelKey(ch), ch, 1)
-	a.PutBack(m)
+	if n := lcN(t, m.Body); n != "kept" {
+		t.Fatalf("A got %q, want kept", n)
+	}
+	p.Retract() // its plain channel was released meanwhile: it is re-published
 	r := lcAwait(t, bGot, 5*time.Second, "B's receive")
 	if r.err != nil || lcN(t, r.body) != "kept" {
 		t.Fatalf("B got %q, %v; want kept", r.body, r.err)
@@ -784,12 +726,14 @@ func TestLifecyclePutBackAfterPlainRelease(t *testing.T) {
 }
 
 // TestLifecycleCancelledSend: a send with an ended context returns the context's error promptly,
-// also while it waits for a connection (ref 58 intent, S14).
+// also while it waits for room in the outbound buffer during an outage (ref 58 intent, S14), and
+// a send withdrawn that way is never sent.
 func TestLifecycleCancelledSend(t *testing.T) {
 	s := startServer(t)
 	cfg := testConfig(nil, s.url())
 	cfg.Connection.MaxReconnects = NoReconnect
 	cfg.Connection.ConnectTimeout = 3 * time.Second
+	cfg.Connection.PendingSize = 1 // one publish fills the buffer: the next one waits for room
 	a := connect(t, cfg)
 	ch, err := a.NewChannel(ctxT(t, 5*time.Second), "")
 	if err != nil {
@@ -809,11 +753,12 @@ func TestLifecycleCancelledSend(t *testing.T) {
 	}
 
 	// The connection goes for good, and the server's port now accepts but never answers: the
-	// reconnect hangs for ConnectTimeout. A send waiting on it must still end with its context.
+	// reconnect hangs for ConnectTimeout and nothing is written. One send fills the buffer; a
+	// send waiting for room must still end with its context.
 	s.stop()
 	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", s.opts.Port))
 	if err != nil {
-		t.Skipf("cannot listen on the server's port again: %v", err)
+		t.Fatalf("cannot listen on the server's port again: %v", err)
 	}
 	var conns []net.Conn
 	var connsMu sync.Mutex
@@ -828,22 +773,24 @@ func TestLifecycleCancelledSend(t *testing.T) {
 			connsMu.Unlock()
 		}
 	}()
-	t.Cleanup(func() {
+	silent := func() {
 		ln.Close()
 		connsMu.Lock()
 		for _, c := range conns {
 			c.Close()
 		}
 		connsMu.Unlock()
-	})
+	}
+	t.Cleanup(silent)
 	waitFor(t, 5*time.Second, "the connection closed for good", func() bool {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return a.nc.IsClosed()
+		return a.link.conn().IsClosed()
 	})
+	if err := a.Send(ctxT(t, time.Second), ch, map[string]any{"type": "accepted"}); err != nil {
+		t.Fatalf("the first send during the outage must be accepted: %v", err)
+	}
 	for _, send := range []func(context.Context) error{
-		func(ctx context.Context) error { return a.Send(ctx, ch, map[string]any{"type": "x"}) },
-		func(ctx context.Context) error { return a.GroupSend(ctx, "room", map[string]any{"type": "x"}) },
+		func(ctx context.Context) error { return a.Send(ctx, ch, map[string]any{"type": "cancelled"}) },
+		func(ctx context.Context) error { return a.GroupSend(ctx, "room", map[string]any{"type": "cancelled"}) },
 	} {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(100*time.Millisecond, cancel)
@@ -852,11 +799,29 @@ func TestLifecycleCancelledSend(t *testing.T) {
 		el := time.Since(start)
 		cancel()
 		if !errors.Is(err, context.Canceled) {
-			t.Errorf("send cancelled while waiting for a connection: %v", err)
+			t.Errorf("send cancelled while waiting for room: %v", err)
+		}
+		if el < 90*time.Millisecond {
+			t.Errorf("send returned after %s, before its cancel; it should have waited for room", el)
 		}
 		if el > time.Second {
 			t.Errorf("send cancelled after 100ms returned after %s", el)
 		}
+	}
+	if st := a.Stats(); st.Published != 1 || st.Outbound.Waiting != 0 {
+		t.Errorf("after the cancelled sends: Published %d, Outbound.Waiting %d; want 1, 0", st.Published, st.Outbound.Waiting)
+	}
+
+	// The server comes back: the accepted send arrives, the cancelled ones never do.
+	silent()
+	s.start()
+	waitFor(t, 15*time.Second, "the recovery", func() bool { return a.Stats().Recoveries >= 1 })
+	m, err := a.Receive(ctxT(t, 5*time.Second), ch)
+	if err != nil || m["type"] != "accepted" {
+		t.Fatalf("after the recovery got %v, %v; want the accepted send", m, err)
+	}
+	if m, err := a.Receive(ctxT(t, msgQuiet), ch); err == nil {
+		t.Fatalf("a cancelled send arrived: %v", m)
 	}
 }
 
@@ -1077,12 +1042,8 @@ func TestLifecyclePlainReleaseAfterCancel(t *testing.T) {
 	waitFor(t, 5*time.Second, "release of the plain subscription", func() bool {
 		return lcSub(a, channelKey(ch)) == nil && !lcHasBox(a, ch)
 	})
-	a.mu.Lock()
-	natsSubs := a.nc.NumSubscriptions()
-	a.mu.Unlock()
-	if natsSubs != 0 {
-		t.Errorf("A still has %d NATS subscription(s)", natsSubs)
-	}
+	// The link unsubscribes in order with everything queued before.
+	waitFor(t, 5*time.Second, "A's NATS subscriptions to go", func() bool { return a.link.conn().NumSubscriptions() == 0 })
 
 	col := lcCollect(ctx, c, ch)
 	lcReady(t, c, channelKey(ch), ch, 1)
@@ -1224,12 +1185,8 @@ func TestLifecycleFlushClearsState(t *testing.T) {
 	if lcSubKinds(a, subGroup)+lcSubKinds(a, subGroupChannel) != 0 {
 		t.Error("group subscriptions left after Flush")
 	}
-	a.mu.Lock()
-	natsSubs := a.nc.NumSubscriptions()
-	a.mu.Unlock()
-	if natsSubs != 0 {
-		t.Errorf("%d NATS subscription(s) left after Flush", natsSubs)
-	}
+	// The link unsubscribes in order with everything queued before.
+	waitFor(t, 5*time.Second, "no NATS subscription left after Flush", func() bool { return a.link.conn().NumSubscriptions() == 0 })
 	// The layer still works: a new channel and group.
 	ch2, err := a.NewChannel(ctx, "")
 	if err != nil {
@@ -1366,7 +1323,7 @@ func TestLifecycleFlushOnDeadConnection(t *testing.T) {
 			waitFor(t, 5*time.Second, "the connection to go", func() bool {
 				a.mu.Lock()
 				defer a.mu.Unlock()
-				return !a.nc.IsConnected() && (!forGood || a.nc.IsClosed())
+				return !a.link.conn().IsConnected() && (!forGood || a.link.conn().IsClosed())
 			})
 			if err := a.Flush(); err != nil {
 				t.Fatalf("Flush on a dead connection: %v", err)
@@ -1428,7 +1385,7 @@ func TestLifecycleCloseEndsWaitingReceives(t *testing.T) {
 	checks["ReceiveRawPlain"] = err
 	_, err = a.NewChannel(ctx, "")
 	checks["NewChannel"] = err
-	_, p, err := a.StartReceive(ctx, ch, func(Message, error) { t.Error("callback after Close") })
+	_, p, err := a.StartReceive(ch, func(Message, error) { t.Error("callback after Close") })
 	checks["StartReceive"] = err
 	if p != nil {
 		t.Error("StartReceive after Close returned a pending receive")
@@ -1503,8 +1460,11 @@ func TestLifecycleCloseLogsUnsentPublishes(t *testing.T) {
 	if el := time.Since(start); el > cfg.Connection.DrainTimeout+time.Second {
 		t.Errorf("Close took %s", el)
 	}
-	if rec.count(lcWarning, "did not go out") == 0 && rec.count(lcWarning, "could not drain") == 0 {
+	if rec.count(lcWarning, "closed with 1 publish(es)", "drain_timeout (500ms)", "1 still queued", "counted as lost") != 1 {
 		t.Errorf("Close dropped a buffered publish without a warning; log:\n%s", rec.all())
+	}
+	if st := a.Stats(); st.Lost.Messages != 1 || st.Lost.Bytes == 0 || st.Outbound.Bytes != 0 {
+		t.Errorf("after Close: Lost %+v, Outbound.Bytes %d; want 1 message lost and nothing queued", st.Lost, st.Outbound.Bytes)
 	}
 }
 
@@ -1538,7 +1498,7 @@ func TestLifecycleNoCallbackAfterClose(t *testing.T) {
 				defer wg.Done()
 				for {
 					got := make(chan error, 1)
-					_, p, err := a.StartReceive(ctx, ch, func(_ Message, err error) {
+					_, p, err := a.StartReceive(ch, func(_ Message, err error) {
 						if closeReturned.Load() {
 							late.Add(1)
 						}
@@ -1626,7 +1586,7 @@ func TestLifecycleCloseWaitsForDeliveriesInFlight(t *testing.T) {
 		if err := a.GroupAdd(ctx, "inflight", ch); err != nil {
 			t.Fatal(err)
 		}
-		_, p, err := a.StartReceive(ctx, ch, func(_ Message, err error) {
+		_, p, err := a.StartReceive(ch, func(_ Message, err error) {
 			if closeReturned.Load() {
 				late.Add(1)
 			}
@@ -1850,7 +1810,7 @@ func TestLifecycleCancelledGroupAdd(t *testing.T) {
 func TestLifecycleCancelledWhileConfirming(t *testing.T) {
 	s := startServer(t)
 	px := lcStartProxy(t, s.url())
-	a := connect(t, lcLingerConfig(px.url(), 100*time.Millisecond))
+	a := connect(t, lcLingerConfig(px.URL(), 100*time.Millisecond))
 	b := connect(t, testConfig(nil, s.url()))
 	ctx := ctxT(t, 10*time.Second)
 	pc, err := a.NewChannel(ctx, "")
@@ -1870,7 +1830,7 @@ func TestLifecycleCancelledWhileConfirming(t *testing.T) {
 		}},
 	}
 	for _, op := range ops {
-		px.pause()
+		px.Stop(faultproxy.Down)
 		octx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- op.run(octx) }()
@@ -1888,7 +1848,7 @@ func TestLifecycleCancelledWhileConfirming(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s did not return after its cancel", op.name)
 		}
-		px.resume()
+		px.Pass()
 	}
 	a.mu.Lock()
 	_, has := a.groups["confirming"]
@@ -1913,7 +1873,7 @@ func TestLifecycleCancelledWhileConfirming(t *testing.T) {
 func TestLifecycleFlushOvertakesConfirmation(t *testing.T) {
 	s := startServer(t)
 	px := lcStartProxy(t, s.url())
-	a := connect(t, lcLingerConfig(px.url(), 100*time.Millisecond))
+	a := connect(t, lcLingerConfig(px.URL(), 100*time.Millisecond))
 	b := connect(t, testConfig(nil, s.url()))
 	ctx := ctxT(t, 10*time.Second)
 	pc, err := a.NewChannel(ctx, "")
@@ -1923,15 +1883,15 @@ func TestLifecycleFlushOvertakesConfirmation(t *testing.T) {
 
 	overtake := func(name, channel string, run func() error) error {
 		t.Helper()
-		px.pause()
-		defer px.resume()
+		px.Stop(faultproxy.Down)
+		defer px.Pass()
 		done := make(chan error, 1)
 		go func() { done <- run() }()
 		waitFor(t, 5*time.Second, name+" waiting for its confirmation", func() bool { return lcSubscribing(a, channel) })
 		if err := a.Flush(); err != nil {
 			t.Errorf("Flush: %v", err)
 		}
-		px.resume()
+		px.Pass()
 		select {
 		case err := <-done:
 			return err
@@ -1974,12 +1934,12 @@ func TestLifecycleFlushOvertakesConfirmation(t *testing.T) {
 		body, err := a.ReceiveRaw(ctx, ch)
 		got <- lcResult{body, err}
 	}()
-	px.pause()
+	px.Stop(faultproxy.Down)
 	waitFor(t, 5*time.Second, "the receive waiting for its confirmation", func() bool { return lcSubscribing(a, ch) })
 	if err := a.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	px.resume()
+	px.Pass()
 	lcReady(t, a, channelKey(ch), ch, 1)
 	lcSend(t, b, ch, "after")
 	if r := lcAwait(t, got, 5*time.Second, "overtaken receive"); r.err != nil || lcN(t, r.body) != "after" {
@@ -2019,7 +1979,15 @@ func TestLifecycleGroupAddOvertakenByFlush(t *testing.T) {
 			}
 			member = ch
 		}
-		if err := a.GroupAdd(ctx, "race"+strconv.Itoa(i%3), member); err != nil {
+		// A GroupAdd that Flush overtook must still end (with whatever error), not wait for a
+		// subscription Flush dropped.
+		err := a.GroupAdd(ctxT(t, 5*time.Second), "race"+strconv.Itoa(i%3), member)
+		if errors.Is(err, context.DeadlineExceeded) {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("GroupAdd %d (%s) did not end within 5 s while Flush raced it", i, member)
+		}
+		if err != nil {
 			failed++
 			continue
 		}
@@ -2053,21 +2021,35 @@ func TestLifecycleGroupAddOvertakenByFlush(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// NoWait
+// Start* never wait
 
-func TestLifecycleNoWait(t *testing.T) {
+// TestLifecycleStartCallsNeverWait: the Start* forms finish during the call (a nil *Op) when
+// nothing has to wait, and otherwise return a pending *Op at once. A first receive on a plain
+// channel does not wait for its subscription in the call; cancelled while it is confirmed, it
+// leaves no queue-group share behind (released after the linger).
+func TestLifecycleStartCallsNeverWait(t *testing.T) {
 	s := startServer(t)
 	a := connect(t, lcLingerConfig(s.url(), 100*time.Millisecond))
 	b := connect(t, testConfig(nil, s.url()))
 	ctx := ctxT(t, 10*time.Second)
 	const ch = "nowait-plain"
 
-	_, p, err := a.StartReceive(NoWait(ctx), ch, func(Message, error) { t.Error("callback of a refused receive") })
-	if !errors.Is(err, ErrWouldBlock) || p != nil {
-		t.Fatalf("NoWait receive on an unsubscribed plain channel: pending=%v err=%v, want ErrWouldBlock", p, err)
+	start := time.Now()
+	_, p, err := a.StartReceive(ch, func(Message, error) { t.Error("callback of a cancelled receive") })
+	if err != nil || p == nil {
+		t.Fatalf("first receive on an unsubscribed plain channel: pending=%v err=%v, want a pending receive", p, err)
 	}
-	// The subscription that refused receive started must not keep a queue-group share.
-	waitFor(t, 5*time.Second, "release of the unconfirmed subscription", func() bool {
+	if d := time.Since(start); d > 50*time.Millisecond {
+		t.Errorf("the first StartReceive of a plain channel took %s; it must not wait for the subscription", d)
+	}
+	if !p.Cancel() {
+		t.Fatal("Cancel of a receive waiting for its subscription returned false")
+	}
+	if p.Cancel() {
+		t.Fatal("a second Cancel returned true")
+	}
+	// The subscription that cancelled receive started must not keep a queue-group share.
+	waitFor(t, 5*time.Second, "release of the subscription of the cancelled receive", func() bool {
 		return lcSub(a, channelKey(ch)) == nil && !lcHasBox(a, ch)
 	})
 
@@ -2078,15 +2060,19 @@ func TestLifecycleNoWait(t *testing.T) {
 		t.Fatalf("got %q, %v", res.body, res.err)
 	}
 
+	// Once subscribed, a receive is listed in the mailbox during the call.
 	got := make(chan Message, 1)
-	m, p, err := a.StartReceive(NoWait(ctx), ch, func(m Message, err error) {
+	m, p, err := a.StartReceive(ch, func(m Message, err error) {
 		if err != nil {
 			t.Errorf("callback error: %v", err)
 		}
 		got <- m
 	})
 	if err != nil || p == nil || m.Body != nil {
-		t.Fatalf("NoWait receive once subscribed: msg=%q pending=%v err=%v, want a pending receive", m.Body, p, err)
+		t.Fatalf("receive once subscribed: msg=%q pending=%v err=%v, want a pending receive", m.Body, p, err)
+	}
+	if !msgListed(a, ch, p) {
+		t.Fatal("a receive on a confirmed channel was not waiting in its mailbox when StartReceive returned")
 	}
 	lcSend(t, b, ch, "second")
 	select {
@@ -2095,58 +2081,48 @@ func TestLifecycleNoWait(t *testing.T) {
 			t.Fatalf("got %q, want second", n)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("the NoWait pending receive got nothing")
+		t.Fatal("the pending receive got nothing")
 	}
 
 	lcSend(t, b, ch, "third")
 	waitFor(t, 5*time.Second, "the message in the mailbox", func() bool { return lcEntries(a, ch) == 1 })
-	m, p, err = a.StartReceive(NoWait(ctx), ch, func(Message, error) { t.Error("callback for a ready message") })
+	m, p, err = a.StartReceive(ch, func(Message, error) { t.Error("callback for a ready message") })
 	if err != nil || p != nil || lcN(t, m.Body) != "third" {
-		t.Fatalf("NoWait receive with a message waiting: msg=%q pending=%v err=%v", m.Body, p, err)
+		t.Fatalf("receive with a message waiting: msg=%q pending=%v err=%v", m.Body, p, err)
 	}
 
-	// A process channel made by NewChannel is subscribed: NoWait works at once.
+	// A process channel made by NewChannel is subscribed: the next StartNewChannel finishes
+	// during the call, and a receive on it is listed at once.
 	pc, err := a.NewChannel(ctx, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, p, err = a.StartReceive(NoWait(ctx), pc, func(Message, error) {})
-	if err != nil || p == nil {
-		t.Fatalf("NoWait receive on a new process channel: pending=%v err=%v", p, err)
+	pc2, op, err := a.StartNewChannel("", func(string, error) { t.Error("done of a finished StartNewChannel") })
+	if err != nil || op != nil || !IsProcessChannel(pc2) || pc2 == pc {
+		t.Fatalf("StartNewChannel with the process subscription confirmed: name=%q op=%v err=%v", pc2, op, err)
 	}
-	p.Cancel()
-}
-
-// TestLifecyclePutBackByChannelName: a host that kept only the channel name and the body (the C
-// ABI) can put a message back; it is received first.
-func TestLifecyclePutBackByChannelName(t *testing.T) {
-	s := startServer(t)
-	a := connect(t, testConfig(nil, s.url()))
-	ctx := ctxT(t, 10*time.Second)
-	ch, err := a.NewChannel(ctx, "")
-	if err != nil {
+	_, p, err = a.StartReceive(pc, func(Message, error) {})
+	if err != nil || p == nil || !msgListed(a, pc, p) {
+		t.Fatalf("receive on a new process channel: pending=%v err=%v", p, err)
+	}
+	if !p.Cancel() {
+		t.Fatal("Cancel of a waiting receive returned false")
+	}
+	// A group_add whose subscriptions are confirmed finishes during the call too; so does a send.
+	if err := a.GroupAdd(ctx, "nowait-room", pc); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Send(ctx, ch, map[string]any{"n": 2}); err != nil {
-		t.Fatal(err)
+	op, err = a.StartGroupAdd("nowait-room", pc2, func(error) { t.Error("done of a finished StartGroupAdd") })
+	if err != nil || op != nil {
+		t.Fatalf("StartGroupAdd with its subscriptions confirmed: op=%v err=%v", op, err)
 	}
-	waitFor(t, 5*time.Second, "the message in the mailbox", func() bool {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return len(a.mailboxes[ch].entries) == 1
-	})
-	first, err := encodeMessage(map[string]any{"n": 1})
-	if err != nil {
-		t.Fatal(err)
+	op, err = a.StartGroupSend("nowait-room", lcBody(t, "g"), func(error) { t.Error("done of an accepted send") })
+	if err != nil || op != nil {
+		t.Fatalf("StartGroupSend: op=%v err=%v, want accepted at once", op, err)
 	}
-	a.PutBack(Message{Channel: ch, Body: first})
-	for want := 1; want <= 2; want++ {
-		m, err := a.Receive(ctx, ch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n, _ := m["n"].(int8); int(n) != want {
-			t.Fatalf("got %v, want n=%d", m, want)
+	for _, c := range []string{pc, pc2} {
+		if n := lcRecv(t, a, c, 5*time.Second); n != "g" {
+			t.Fatalf("%s got %q, want g", c, n)
 		}
 	}
 }

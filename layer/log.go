@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"regexp"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -33,8 +33,9 @@ func slogLog(level Level, message string) {
 // channel or subject.
 const DropLogInterval = 60 * time.Second
 
-// dropReporter rate-limits drop warnings: the first drop of a spell is logged at once, later ones
-// at most once per interval, each with the running count.
+// dropReporter rate-limits drop warnings per kind and channel or subject: the first drop is
+// logged at once, later ones at most once per interval, each with the running count, whatever
+// the pattern of drops; a spell of drops whose start was logged ends with one "has room again".
 type dropReporter struct {
 	mu       sync.Mutex
 	log      LogFunc
@@ -45,8 +46,10 @@ type dropReporter struct {
 type dropKey struct{ kind, name string }
 
 type dropSpell struct {
-	count    uint64
-	loggedAt time.Time
+	total    uint64    // drops since the key was first seen
+	spell    uint64    // drops of the spell in progress
+	loggedAt time.Time // the last warning about a drop
+	warned   bool      // the spell in progress was announced: its end is announced too
 }
 
 func newDropReporter(log LogFunc) *dropReporter {
@@ -63,47 +66,52 @@ func (r *dropReporter) drop(kind, name string, n uint64, now time.Time, describe
 		s = &dropSpell{}
 		r.spells[k] = s
 	}
-	s.count += n
+	s.total += n
+	s.spell += n
 	due := s.loggedAt.IsZero() || now.Sub(s.loggedAt) >= r.interval
 	if due {
-		s.loggedAt = now
+		s.loggedAt, s.warned = now, true
 	}
-	total := s.count
+	total := s.total
 	r.mu.Unlock()
 	if due {
 		r.log(LevelWarning, describe(total))
 	}
 }
 
-// recovered ends a spell of drops and returns how many there were (0 if there was none).
+// recovered ends a spell of drops. It returns how many the spell dropped when its start was
+// announced (its end is due), else 0.
 func (r *dropReporter) recovered(kind, name string) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	k := dropKey{kind, name}
-	s := r.spells[k]
-	if s == nil {
+	s := r.spells[dropKey{kind, name}]
+	if s == nil || s.spell == 0 {
 		return 0
 	}
-	delete(r.spells, k)
-	return s.count
+	n, warned := s.spell, s.warned
+	s.spell, s.warned = 0, false
+	if !warned {
+		return 0
+	}
+	return n
 }
 
-// userInfo matches the user information of a URL ("nats://user:password@" or "nats://token@"),
-// wherever the URL stands in a text.
-var userInfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]*@`)
-
-// redact replaces the user information of every URL in text, so credentials given in server
-// URLs never reach a log record or an error message.
-func redact(text string) string {
-	return userInfo.ReplaceAllString(text, "${1}redacted@")
+// forget drops what the reporter knows of a name that is gone (a discarded mailbox).
+func (r *dropReporter) forget(kind, name string) {
+	r.mu.Lock()
+	delete(r.spells, dropKey{kind, name})
+	r.mu.Unlock()
 }
 
-func redactErr(err error) error {
-	if err == nil {
-		return nil
+// maxLoggedName is how much of a name that comes from the network a log line shows.
+const maxLoggedName = 64
+
+// quoteName makes a name that comes from the network safe for a log line: quoted, with control
+// and other unprintable characters escaped (no terminal escape, line break or NUL reaches the
+// record), and cut to maxLoggedName characters.
+func quoteName(name string) string {
+	if runes := []rune(name); len(runes) > maxLoggedName {
+		return strconv.Quote(string(runes[:maxLoggedName])) + fmt.Sprintf("... (%d bytes)", len(name))
 	}
-	if text := redact(err.Error()); text != err.Error() {
-		return fmt.Errorf("%s", text)
-	}
-	return err
+	return strconv.Quote(name)
 }

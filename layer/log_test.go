@@ -15,15 +15,15 @@ func TestRedact(t *testing.T) {
 	for _, tc := range []struct {
 		in, want string
 	}{
-		{"nats://user:pw@host:4222", "nats://redacted@host:4222"},
-		{"tls://tok@h:1", "tls://redacted@h:1"},
-		{"connect failed for nats://user:pw@host:4222 after 3 attempts", "connect failed for nats://redacted@host:4222 after 3 attempts"},
+		{"nats://user:pw@host:4222", "nats://[redacted]@host:4222"},
+		{"tls://tok@h:1", "tls://[redacted]@h:1"},
+		{"connect failed for nats://user:pw@host:4222 after 3 attempts", "connect failed for nats://[redacted]@host:4222 after 3 attempts"},
 		{"servers: nats://a:1, tls://tok@h:1 and nats://alice:s3cret@b:2 are down",
-			"servers: nats://a:1, tls://redacted@h:1 and nats://redacted@b:2 are down"},
-		{`url "nats://user:pw@host:4222" refused`, `url "nats://redacted@host:4222" refused`},
-		{"'nats://tok@host:4222'", "'nats://redacted@host:4222'"},
-		{"nats://user:pw@host:4222,nats://u2:p2@other:4222", "nats://redacted@host:4222,nats://redacted@other:4222"},
-		{"ws://user:pw@host/path?x=1", "ws://redacted@host/path?x=1"},
+			"servers: nats://a:1, tls://[redacted]@h:1 and nats://[redacted]@b:2 are down"},
+		{`url "nats://user:pw@host:4222" refused`, `url "nats://[redacted]@host:4222" refused`},
+		{"'nats://tok@host:4222'", "'nats://[redacted]@host:4222'"},
+		{"nats://user:pw@host:4222,nats://u2:p2@other:4222", "nats://[redacted]@host:4222,nats://[redacted]@other:4222"},
+		{"ws://user:pw@host/path?x=1", "ws://[redacted]@host/path?x=1"},
 		// Without user information a URL is left alone.
 		{"nats://host:4222", "nats://host:4222"},
 		{"dial nats://127.0.0.1:4222 failed: connection refused", "dial nats://127.0.0.1:4222 failed: connection refused"},
@@ -31,7 +31,7 @@ func TestRedact(t *testing.T) {
 		{"no url here: user:pw@host", "no url here: user:pw@host"},
 		{"", ""},
 	} {
-		if got := redact(tc.in); got != tc.want {
+		if got := (&redactor{}).text(tc.in); got != tc.want {
 			t.Errorf("redact(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
@@ -55,7 +55,7 @@ func TestRedactNeverLeaks(t *testing.T) {
 		{"nats://user:pw@host:99999", []string{"user", "pw"}, "host"},
 		{"nats://user:pw@[::1]:4222", []string{"user", "pw"}, "[::1]:4222"},
 	} {
-		got := redact(tc.in)
+		got := (&redactor{}).text(tc.in)
 		for _, s := range tc.secrets {
 			if strings.Contains(got, s) {
 				t.Errorf("redact(%q) = %q still contains %q", tc.in, got, s)
@@ -68,14 +68,14 @@ func TestRedactNeverLeaks(t *testing.T) {
 }
 
 func TestRedactErr(t *testing.T) {
-	if redactErr(nil) != nil {
-		t.Error("redactErr(nil) != nil")
+	if (&redactor{}).err(nil) != nil {
+		t.Error("(&redactor{}).err(nil) != nil")
 	}
 	plain := errors.New("nats: timeout")
-	if got := redactErr(plain); got != plain {
+	if got := (&redactor{}).err(plain); got != plain {
 		t.Errorf("redactErr changed an error without credentials: %v", got)
 	}
-	got := redactErr(fmt.Errorf("connect nats://user:pw@host:4222 failed"))
+	got := (&redactor{}).err(fmt.Errorf("connect nats://user:pw@host:4222 failed"))
 	if got == nil || strings.Contains(got.Error(), "pw") || !strings.Contains(got.Error(), "host:4222") {
 		t.Errorf("redactErr = %v", got)
 	}
@@ -134,11 +134,25 @@ func TestDropReporter(t *testing.T) {
 	if got := r.recovered("capacity", "chan-a"); got != 0 {
 		t.Errorf("recovered again = %d, want 0 (reset)", got)
 	}
-	// After recovery a new spell starts: the next drop logs at once, counting from 1, even
-	// within the interval of the last warning.
+	// After a recovery the rate limit still holds, whatever the pattern of drops: a new spell
+	// within the interval of the last warning does not log (a mailbox that flaps between full
+	// and not cannot flood the log); once the interval has passed it logs the running total
+	// since the name was first seen.
 	r.drop("capacity", "chan-a", 1, t0.Add(time.Hour+time.Millisecond), describeDrops)
-	if got := rec.take(); len(got) != 1 || got[0].msg != "dropped 1" {
-		t.Errorf("first drop of a new spell logged %v, want one warning %q", got, "dropped 1")
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("a drop right after a recovery, within the interval, logged %v; want nothing", got)
+	}
+	r.drop("capacity", "chan-a", 1, t0.Add(time.Hour+time.Second), describeDrops)
+	if got := rec.take(); len(got) != 1 || got[0].msg != "dropped 17" {
+		t.Errorf("a drop an interval after the last warning logged %v, want one warning %q", got, "dropped 17")
+	}
+	if got := r.recovered("capacity", "chan-a"); got != 2 {
+		t.Errorf("recovered after the second spell = %d, want its 2 drops (its start was logged)", got)
+	}
+	// A spell none of whose drops was logged ends without a "has room again".
+	r.drop("capacity", "chan-a", 1, t0.Add(time.Hour+time.Second+time.Millisecond), describeDrops)
+	if got := r.recovered("capacity", "chan-a"); got != 0 || len(rec.take()) != 0 {
+		t.Errorf("recovered after a spell that was never announced = %d, want 0 and nothing logged", got)
 	}
 }
 
@@ -165,8 +179,15 @@ func TestDropReporterKeys(t *testing.T) {
 			t.Errorf("recovered(%q, %q) = %d, want %d", tc.kind, tc.name, got, tc.want)
 		}
 	}
+	// The running totals outlive a recovery; forget (a mailbox that is gone) drops them.
+	if len(r.spells) != 3 {
+		t.Errorf("%d keys known after every recovery, want the 3 that dropped", len(r.spells))
+	}
+	for _, k := range []dropKey{{"capacity", "a"}, {"capacity", "b"}, {"slow consumer", "a"}} {
+		r.forget(k.kind, k.name)
+	}
 	if len(r.spells) != 0 {
-		t.Errorf("%d spells left after every recovery", len(r.spells))
+		t.Errorf("%d keys left after forget", len(r.spells))
 	}
 	if got := rec.take(); len(got) != 0 {
 		t.Errorf("recovered logged %v; the caller logs recovery", got)

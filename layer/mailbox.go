@@ -8,18 +8,21 @@ type entry struct {
 	body []byte
 }
 
-// waiter is one pending receive, or a stream (StartStream). deliver is called outside the layer
-// lock, once per message up to credit, or once with the error that ended it, unless it is
-// stopped first.
+// expired is the expiry rule (S4), for every message wherever it waits: a message that has
+// waited expiry or longer since it reached this process is dropped.
+func expired(at, now time.Time, expiry time.Duration) bool { return now.Sub(at) >= expiry }
+
+// waiter is one pending receive. deliver is called outside the layer lock, once, with the
+// message or with the error that ended the receive, unless its op was cancelled first.
 type waiter struct {
 	mb      *mailbox
+	op      *Op
 	deliver func(Message, error)
-	credit  int  // messages it still takes: 1 for a receive, up to the stream's credit for a stream
-	listed  bool // still in mb.waiters; false once its credit is used, an error was handed over, or stopped
+	listed  bool // still in mb.waiters
 }
 
-// mailbox buffers the messages of one channel name in this process (S2, S4, S5).
-// Every field is guarded by Layer.mu.
+// mailbox holds the messages of one channel name in this process (S2, S4, S5): the only place a
+// message waits between the connection and a consumer. Every field is guarded by Layer.mu.
 type mailbox struct {
 	name     string
 	plain    bool // a plain channel (no "!"): it owns a queue subscription
@@ -51,7 +54,7 @@ func (mb *mailbox) idle() bool {
 // dropExpired removes expired entries from the front and returns how many it removed.
 func (mb *mailbox) dropExpired(now time.Time, expiry time.Duration) int {
 	n := 0
-	for n < len(mb.entries) && now.Sub(mb.entries[n].at) > expiry {
+	for n < len(mb.entries) && expired(mb.entries[n].at, now, expiry) {
 		n++
 	}
 	if n > 0 {
@@ -61,57 +64,68 @@ func (mb *mailbox) dropExpired(now time.Time, expiry time.Duration) int {
 	return n
 }
 
-// pop removes and returns the oldest entry that has not expired; expired is how many expired
-// entries it skipped on the way.
-func (mb *mailbox) pop(now time.Time, expiry time.Duration) (e entry, ok bool, expired int) {
-	expired = mb.dropExpired(now, expiry)
+// pop removes and returns the oldest entry that has not expired; dropped is how many expired
+// entries it removed on the way.
+func (mb *mailbox) pop(now time.Time, expiry time.Duration) (e entry, ok bool, dropped int) {
+	dropped = mb.dropExpired(now, expiry)
 	if len(mb.entries) == 0 {
-		return entry{}, false, expired
+		return entry{}, false, dropped
 	}
 	e = mb.entries[0]
 	mb.entries[0] = entry{}
 	mb.entries = mb.entries[1:]
-	return e, true, expired
+	return e, true, dropped
 }
 
-// insert puts an entry that was handed to a receiver that is gone back at position i (S14).
+// push appends an arrived message unless the mailbox is full after expired entries were
+// reclaimed (S2). dropped is how many expired entries it reclaimed.
+func (mb *mailbox) push(e entry, expiry time.Duration) (ok bool, dropped int) {
+	if len(mb.entries) >= mb.capacity {
+		dropped = mb.dropExpired(e.at, expiry)
+	}
+	if len(mb.entries) >= mb.capacity {
+		return false, dropped
+	}
+	mb.entries = append(mb.entries, e)
+	return true, dropped
+}
+
+// insert puts an entry that a receiver could not take back at position i (S14). A message
+// that comes back is never refused for capacity: it was counted in the mailbox before.
 func (mb *mailbox) insert(i int, e entry) {
 	mb.entries = append(mb.entries, entry{})
 	copy(mb.entries[i+1:], mb.entries[i:])
 	mb.entries[i] = e
 }
 
-// takeWaiter returns the longest-waiting receiver for one message, or nil. It is removed, unless
-// it is a stream with credit left: that stays first in line.
+// takeWaiter removes and returns the longest-waiting receive that was not cancelled, or nil.
 func (mb *mailbox) takeWaiter() *waiter {
-	if len(mb.waiters) == 0 {
-		return nil
+	for len(mb.waiters) > 0 {
+		w := mb.waiters[0]
+		mb.waiters[0] = nil
+		mb.waiters = mb.waiters[1:]
+		w.listed = false
+		if w.op.pending() {
+			return w
+		}
 	}
-	w := mb.waiters[0]
-	w.credit--
-	if w.credit > 0 {
-		return w
-	}
-	mb.waiters[0] = nil
-	mb.waiters = mb.waiters[1:]
-	w.listed = false
-	return w
+	return nil
 }
 
 // endWaiters removes and returns every waiter (the layer closes).
 func (mb *mailbox) endWaiters() []*waiter {
 	ended := mb.waiters
 	for _, w := range ended {
-		w.listed, w.credit = false, 0
+		w.listed = false
 	}
 	mb.waiters = nil
 	return ended
 }
 
-// removeWaiter unlists w and returns the credit it had left: 0 when it was no longer listed.
-func (mb *mailbox) removeWaiter(w *waiter) int {
+// removeWaiter unlists w; false when it was no longer listed.
+func (mb *mailbox) removeWaiter(w *waiter) bool {
 	if !w.listed {
-		return 0
+		return false
 	}
 	for i, x := range mb.waiters {
 		if x == w {
@@ -119,7 +133,6 @@ func (mb *mailbox) removeWaiter(w *waiter) int {
 			break
 		}
 	}
-	credit := w.credit
-	w.listed, w.credit = false, 0
-	return credit
+	w.listed = false
+	return true
 }

@@ -33,13 +33,13 @@ type msgResult struct {
 	err  error
 }
 
-// msgStartInto begins a receive and requires it to be pending. StartReceive returns a pending
-// receive only after the channel's subscription is confirmed (S1), so a send issued afterwards
-// must reach it. The result goes to out, which must have room for it (Close delivers ErrClosed
-// to a receive still waiting, and must not block).
-func msgStartInto(t *testing.T, l *Layer, channel, label string, out chan msgResult) *PendingReceive {
+// msgStartInto begins a receive and requires it to be pending, then waits until it waits in
+// the channel's mailbox. A receive is listed there only once the channel's subscription is
+// confirmed (S1), so a send issued afterwards must reach it. The result goes to out, which must
+// have room for it (Close delivers ErrClosed to a receive still waiting, and must not block).
+func msgStartInto(t *testing.T, l *Layer, channel, label string, out chan msgResult) *Op {
 	t.Helper()
-	msg, p, err := l.StartReceive(ctxT(t, 5*time.Second), channel, func(m Message, err error) {
+	msg, p, err := l.StartReceive(channel, func(m Message, err error) {
 		if err != nil {
 			out <- msgResult{label, nil, err}
 			return
@@ -53,11 +53,40 @@ func msgStartInto(t *testing.T, l *Layer, channel, label string, out chan msgRes
 	if p == nil {
 		t.Fatalf("StartReceive(%s) returned a message at once (%x); expected a pending receive", channel, msg.Body)
 	}
+	msgAwaitListed(t, l, channel, p)
 	return p
 }
 
+// msgListed reports whether the receive of op waits in the mailbox of channel.
+func msgListed(l *Layer, channel string, op *Op) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	mb := l.mailboxes[channel]
+	if mb == nil {
+		return false
+	}
+	for _, w := range mb.waiters {
+		if w.op == op {
+			return true
+		}
+	}
+	return false
+}
+
+// msgAwaitListed waits (5 s at most) until the receive of op waits in the mailbox of channel:
+// its subscription is confirmed. It fails if the receive ended meanwhile.
+func msgAwaitListed(t testing.TB, l *Layer, channel string, op *Op) {
+	t.Helper()
+	waitFor(t, 5*time.Second, "the receive on "+channel+" to wait in its mailbox", func() bool {
+		if !op.pending() {
+			t.Fatalf("the receive on %s ended before it waited in its mailbox", channel)
+		}
+		return msgListed(l, channel, op)
+	})
+}
+
 // msgStart is msgStartInto with a channel of its own.
-func msgStart(t *testing.T, l *Layer, channel string) (<-chan msgResult, *PendingReceive) {
+func msgStart(t *testing.T, l *Layer, channel string) (<-chan msgResult, *Op) {
 	t.Helper()
 	out := make(chan msgResult, 1)
 	return out, msgStartInto(t, l, channel, channel, out)
@@ -665,7 +694,7 @@ func TestMessagingGroupToSharedPlainChannelOneReader(t *testing.T) {
 	b := connect(t, testConfig(nil, s.url()))
 	c := connect(t, testConfig(nil, s.url()))
 	out := make(chan msgResult, 4)
-	pending := map[string]*PendingReceive{}
+	pending := map[string]*Op{}
 	for i, l := range []*Layer{a, b} {
 		msgGroupAdd(t, l, "jobs", "shared-worker")
 		label := fmt.Sprintf("layer %d", i)
@@ -1382,7 +1411,7 @@ func TestMessagingForeignProcessChannel(t *testing.T) {
 	_, err = b.ReceiveRaw(ctx, ch)
 	wantForeign("ReceiveRaw", err)
 	called := make(chan struct{}, 1)
-	_, p, err := b.StartReceive(ctx, ch, func(Message, error) { called <- struct{}{} })
+	_, p, err := b.StartReceive(ch, func(Message, error) { called <- struct{}{} })
 	wantForeign("StartReceive", err)
 	if p != nil {
 		t.Fatal("StartReceive on a foreign channel returned a pending receive")
@@ -1600,7 +1629,7 @@ func TestMessagingStatsCounters(t *testing.T) {
 }
 
 // SPEC section 6: a receive whose message is already in the mailbox returns it at once, without
-// registering a waiter (StartReceive returns a nil *PendingReceive and never calls back).
+// registering a waiter (StartReceive returns a nil *Op and never calls back).
 func TestMessagingReceiveReadyMessageReturnsAtOnce(t *testing.T) {
 	s := startServer(t)
 	a := connect(t, testConfig(nil, s.url()))
@@ -1610,7 +1639,7 @@ func TestMessagingReceiveReadyMessageReturnsAtOnce(t *testing.T) {
 	waitFor(t, 5*time.Second, "the message to reach the mailbox", func() bool { return msgQueued(a, ch) == 1 })
 
 	var calls atomic.Int32
-	msg, p, err := a.StartReceive(NoWait(context.Background()), ch, func(Message, error) { calls.Add(1) })
+	msg, p, err := a.StartReceive(ch, func(Message, error) { calls.Add(1) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/channels-nats/channels-nats/internal/faultproxy"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -47,7 +48,7 @@ const rsEventually = 15 * time.Second
 func rsConn(l *Layer) *nats.Conn {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.nc
+	return l.link.conn()
 }
 
 // rsForceClose closes the layer's current connection for good, as nats.go does after its last
@@ -322,75 +323,16 @@ func (f *rsFakeServer) stop() {
 	})
 }
 
-// rsProxy forwards TCP connections to target while enabled and refuses them (accept, close)
-// while disabled; a cut of the upstream closes the client side too.
-type rsProxy struct {
-	ln      net.Listener
-	target  string
-	enabled atomic.Bool
-	mu      sync.Mutex
-	conns   map[net.Conn]struct{}
-	wg      sync.WaitGroup
-}
-
-func rsStartProxy(t *testing.T, targetURL string) *rsProxy {
+// rsStartProxy starts a fault proxy to targetURL for the test. Refuse(true) closes new
+// connections at once; a server that goes closes the connections it had through the proxy.
+func rsStartProxy(t *testing.T, targetURL string) *faultproxy.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := faultproxy.Start(targetURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &rsProxy{ln: ln, target: strings.TrimPrefix(targetURL, "nats://"), conns: map[net.Conn]struct{}{}}
-	p.enabled.Store(true)
-	p.wg.Add(1)
-	go p.serve()
-	t.Cleanup(func() {
-		p.ln.Close()
-		p.mu.Lock()
-		for c := range p.conns {
-			c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
+	t.Cleanup(func() { _ = p.Close() })
 	return p
-}
-
-func (p *rsProxy) url() string { return "nats://" + p.ln.Addr().String() }
-
-func (p *rsProxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !p.enabled.Load() {
-			c.Close()
-			continue
-		}
-		up, err := net.DialTimeout("tcp", p.target, time.Second)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pipe(c, up)
-		go p.pipe(up, c)
-	}
-}
-
-func (p *rsProxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	dst.Close()
-	src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
 }
 
 // rsWriteTLSFiles writes a fresh self-signed CA and a server certificate for 127.0.0.1 signed
@@ -497,15 +439,15 @@ func TestResilienceServerRestartReconnectsEveryKind(t *testing.T) {
 	}
 }
 
-// S17: publishes made during a short outage are kept in the reconnect buffer and go out after
-// the reconnect. The receiver must have resubscribed before the sender flushes its buffer, so
+// S17: publishes made during a short outage are accepted into the link's buffer (nats.go keeps
+// none) and go out after the reconnect. The receiver must have resubscribed before the sender flushes its buffer, so
 // the sender reaches the server through a proxy that stays shut until the receiver is back;
 // each buffered message is sent once and must arrive.
-func TestResilienceReconnectBufferDeliversPublishesMadeDuringOutage(t *testing.T) {
+func TestResilienceOutboundBufferDeliversPublishesMadeDuringOutage(t *testing.T) {
 	s := startServer(t)
 	proxy := rsStartProxy(t, s.url())
 	a := connect(t, testConfig(nil, s.url()))
-	b := connect(t, testConfig(nil, proxy.url()))
+	b := connect(t, testConfig(nil, proxy.URL()))
 	ctx := ctxT(t, 60*time.Second)
 	pc, err := a.NewChannel(ctx, "")
 	if err != nil {
@@ -516,8 +458,12 @@ func TestResilienceReconnectBufferDeliversPublishesMadeDuringOutage(t *testing.T
 	}
 	rsUntilLands(t, "through the proxy before the outage", a, pc,
 		func(ctx context.Context, m map[string]any) error { return b.Send(ctx, pc, m) })
+	// The server confirms what was written before the outage, so nothing of it counts as lost.
+	waitFor(t, 5*time.Second, "the publishes before the outage to be confirmed", func() bool {
+		return linkSettled(a) && linkSettled(b)
+	})
 
-	proxy.enabled.Store(false)
+	proxy.Refuse(true)
 	s.stop()
 	waitFor(t, rsEventually, "both layers to notice the outage", func() bool {
 		return !a.Stats().Connected && !b.Stats().Connected
@@ -537,8 +483,11 @@ func TestResilienceReconnectBufferDeliversPublishesMadeDuringOutage(t *testing.T
 	if got := b.Stats().Published - publishedBefore; got != 2 {
 		t.Fatalf("want 2 buffered publishes counted, got %d", got)
 	}
-	if n, err := rsConn(b).Buffered(); err != nil || n == 0 {
-		t.Fatalf("the sender's reconnect buffer should hold the publishes: %d bytes, %v", n, err)
+	if st := b.Stats(); st.Outbound.Bytes == 0 || st.Outbound.Waiting != 0 {
+		t.Fatalf("the sender's outbound buffer should hold the publishes: %+v", st.Outbound)
+	}
+	if n, err := rsConn(b).Buffered(); err == nil && n != 0 {
+		t.Fatalf("nats.go's own reconnect buffer holds %d bytes; it must be disabled", n)
 	}
 
 	s.start()
@@ -547,7 +496,7 @@ func TestResilienceReconnectBufferDeliversPublishesMadeDuringOutage(t *testing.T
 		return st.Connected && st.Reconnects >= 1
 	})
 	rsRoundTrip(t, a) // its resubscriptions are on the server
-	proxy.enabled.Store(true)
+	proxy.Refuse(false)
 	waitFor(t, rsEventually, "the sender to reconnect", func() bool { return b.Stats().Reconnects >= 1 })
 
 	want := map[string]bool{"buffered-direct": true, "buffered-group": true, "buffered-self": true}
@@ -558,6 +507,11 @@ func TestResilienceReconnectBufferDeliversPublishesMadeDuringOutage(t *testing.T
 			t.Fatalf("buffered messages never arrived (still missing %v): %v", want, err)
 		}
 		delete(want, fmt.Sprint(m["tag"]))
+	}
+	for _, l := range []*Layer{a, b} {
+		if st := l.Stats(); st.Lost.Messages != 0 || st.Outbound.Bytes != 0 {
+			t.Fatalf("after the reconnect nothing is lost or queued: Lost %+v, Outbound %+v", st.Lost, st.Outbound)
+		}
 	}
 }
 
@@ -760,8 +714,10 @@ func TestResilienceRecoveryRetriesWithBackoffUntilServerReturns(t *testing.T) {
 }
 
 // S14, S17: while the recovery is stuck on a server that accepted the socket but never answers,
-// a Send with a short ctx ends with the ctx's error instead of hanging, and under NoWait it
-// returns ErrWouldBlock at once.
+// nothing waits on it: a send is accepted at once into the link's buffer (StartSend and
+// StartGroupSend return a nil *Op), a first plain receive returns a pending *Op at once, and a
+// blocking receive with a short ctx ends with the ctx's error. What was accepted during the
+// recovery is written once the new connection is up.
 func TestResilienceSendWhileRecoveringHonoursContext(t *testing.T) {
 	s := startServer(t)
 	cfg := rsNoReconnect(nil, s.url())
@@ -779,25 +735,37 @@ func TestResilienceSendWhileRecoveringHonoursContext(t *testing.T) {
 	waitFor(t, rsEventually, "a recovery attempt stuck on the silent server", func() bool { return fake.open.Load() >= 1 })
 
 	start := time.Now()
-	err = a.Send(ctxT(t, 200*time.Millisecond), pc, rsMsg("late"))
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("want context.DeadlineExceeded while recovering, got %v", err)
-	}
-	if d := time.Since(start); d > 1500*time.Millisecond {
-		t.Fatalf("Send took %s with a 200 ms context", d)
-	}
-	start = time.Now()
-	if err := a.Send(NoWait(ctx), pc, rsMsg("nowait")); !errors.Is(err, ErrWouldBlock) {
-		t.Fatalf("want ErrWouldBlock under NoWait while recovering, got %v", err)
-	}
-	if err := a.GroupSend(NoWait(ctx), "rs-any", rsMsg("nowait")); !errors.Is(err, ErrWouldBlock) {
-		t.Fatalf("want ErrWouldBlock for group_send under NoWait while recovering, got %v", err)
-	}
-	if _, _, err := a.StartReceive(NoWait(ctx), "rs-new-plain", func(Message, error) {}); !errors.Is(err, ErrWouldBlock) {
-		t.Fatalf("want ErrWouldBlock for a first plain receive under NoWait while recovering, got %v", err)
+	if err := a.Send(ctxT(t, 200*time.Millisecond), pc, rsMsg("late")); err != nil {
+		t.Fatalf("a send while recovering must be accepted into the buffer, got %v", err)
 	}
 	if d := time.Since(start); d > 200*time.Millisecond {
-		t.Fatalf("NoWait calls took %s", d)
+		t.Fatalf("Send took %s while recovering", d)
+	}
+	body, err := encodeMessage(rsMsg("nowait"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	op, err := a.StartSend(pc, body, func(error) { t.Error("done of an accepted send ran") })
+	if err != nil || op != nil {
+		t.Fatalf("StartSend while recovering: op=%v err=%v, want accepted at once", op, err)
+	}
+	op, err = a.StartGroupSend("rs-any", body, func(error) { t.Error("done of an accepted group send ran") })
+	if err != nil || op != nil {
+		t.Fatalf("StartGroupSend while recovering: op=%v err=%v, want accepted at once", op, err)
+	}
+	_, rop, err := a.StartReceive("rs-new-plain", func(Message, error) { t.Error("callback of a cancelled receive") })
+	if err != nil || rop == nil {
+		t.Fatalf("a first plain receive while recovering: op=%v err=%v, want a pending receive", rop, err)
+	}
+	if d := time.Since(start); d > 200*time.Millisecond {
+		t.Fatalf("the Start calls took %s", d)
+	}
+	if !rop.Cancel() {
+		t.Fatal("cancel of the first plain receive while recovering returned false")
+	}
+	if st := a.Stats(); st.Outbound.Bytes == 0 || st.Published < 3 {
+		t.Fatalf("while recovering the buffer should hold the 3 accepted sends: %+v", st)
 	}
 	start = time.Now()
 	if _, err := a.ReceiveRaw(ctxT(t, 200*time.Millisecond), "rs-new-plain"); !errors.Is(err, context.DeadlineExceeded) {
@@ -810,11 +778,17 @@ func TestResilienceSendWhileRecoveringHonoursContext(t *testing.T) {
 	fake.stop() // the stuck attempt fails at once; the next one reaches the real server
 	s.start()
 	waitFor(t, rsEventually, "the recovery", func() bool { return a.Stats().Recoveries >= 1 })
+	// What was accepted while recovering was written on the new connection, in order.
+	rsExpect(t, "the send accepted while recovering", a, pc, "late")
+	rsExpect(t, "the StartSend accepted while recovering", a, pc, "nowait")
 	pub := connect(t, testConfig(nil, s.url()))
 	if err := pub.Send(ctx, pc, rsMsg("back")); err != nil {
 		t.Fatal(err)
 	}
 	rsExpect(t, "after the recovery", a, pc, "back")
+	if st := a.Stats(); st.Lost.Messages != 0 || st.Outbound.Bytes != 0 {
+		t.Fatalf("after the recovery nothing is lost or queued: %+v", st)
+	}
 }
 
 // Ref 66: two processes read plain channel "shared" and both added it to group "room"; each
@@ -947,8 +921,9 @@ func TestResilienceCloseLogsPublishesLostInOutage(t *testing.T) {
 			t.Fatalf("a send during the outage: %v", err)
 		}
 	}
-	if n, _ := rsConn(a).Buffered(); n == 0 {
-		t.Fatal("nothing in the reconnect buffer")
+	queued := a.Stats().Outbound.Bytes
+	if queued == 0 {
+		t.Fatal("nothing in the outbound buffer")
 	}
 	start := time.Now()
 	if err := a.Close(); err != nil {
@@ -957,14 +932,18 @@ func TestResilienceCloseLogsPublishesLostInOutage(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Close took %s", d)
 	}
-	if rec.count("could not drain")+rec.count("did not go out") == 0 {
-		t.Fatalf("Close dropped buffered publishes without saying so; want a warning such as "+
-			"\"could not drain ... did not go out\"; log:\n%s", rec.all())
+	if rec.count("closed with 3 publish(es)", "drain_timeout (300ms)", "3 still queued", "counted as lost") != 1 {
+		t.Fatalf("Close dropped buffered publishes without saying so; want a warning \"closed with 3 "+
+			"publish(es) ... 3 still queued\"; log:\n%s", rec.all())
+	}
+	if st := a.Stats(); st.Lost.Messages != 3 || st.Lost.Bytes != uint64(queued) {
+		t.Fatalf("Lost = %+v, want the 3 queued publishes (%d bytes)", st.Lost, queued)
 	}
 }
 
 // S16, ref 61: a connection that is up but jammed (the server stops answering) cannot be
-// drained; Close gives up after the drain timeout, returns nil, logs "could not drain", and no
+// confirmed; Close gives up after the drain timeout, returns nil, logs and counts the publish the
+// server never confirmed as lost, and no
 // callback of the layer runs after it returned.
 func TestResilienceCloseJammedConnection(t *testing.T) {
 	fake := rsStartFake(t, "127.0.0.1:0", false)
@@ -990,8 +969,11 @@ func TestResilienceCloseJammedConnection(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Close on a jammed connection took %s", d)
 	}
-	if rec.count("could not drain") != 1 {
-		t.Fatalf("want one \"could not drain\" warning; log:\n%s", rec.all())
+	if rec.count("closed with 1 publish(es)", "drain_timeout (300ms)", "0 still queued", "1 written but not confirmed") != 1 {
+		t.Fatalf("want one warning that the jammed publish was written but not confirmed; log:\n%s", rec.all())
+	}
+	if st := a.Stats(); st.Lost.Messages != 1 {
+		t.Fatalf("Lost = %+v, want the 1 unconfirmed publish", st.Lost)
 	}
 	if !rsConn(a).IsClosed() {
 		t.Fatal("the connection is still open after Close")
@@ -1073,6 +1055,7 @@ func TestResilienceConnectFailuresLeaveNothingBehind(t *testing.T) {
 	dead := freePort(t)
 	cfg := testConfig(nil, fmt.Sprintf("nats://127.0.0.1:%d", dead))
 	cfg.Connection.ConnectTimeout = 500 * time.Millisecond
+	cfg.ConnectDeadline = time.Second // retries included
 	start := time.Now()
 	l, err := Connect(ctxT(t, 10*time.Second), cfg)
 	if err == nil {
@@ -1089,6 +1072,7 @@ func TestResilienceConnectFailuresLeaveNothingBehind(t *testing.T) {
 	fake := rsStartFake(t, "127.0.0.1:0", true)
 	cfg = testConfig(nil, fake.url())
 	cfg.Connection.ConnectTimeout = 500 * time.Millisecond
+	cfg.ConnectDeadline = time.Second
 	for i := range 3 {
 		start := time.Now()
 		l, err := Connect(ctxT(t, 10*time.Second), cfg)
@@ -1155,6 +1139,7 @@ func TestResilienceConnectErrorsRedactURLCredentials(t *testing.T) {
 	} {
 		cfg := testConfig(nil, u)
 		cfg.Connection.ConnectTimeout = 500 * time.Millisecond
+		cfg.ConnectDeadline = 500 * time.Millisecond
 		l, err := Connect(ctxT(t, 10*time.Second), cfg)
 		if err == nil {
 			l.Close()

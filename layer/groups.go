@@ -1,0 +1,218 @@
+package layer
+
+import (
+	"context"
+	"strings"
+	"time"
+)
+
+// groupMembers holds the members of one group in this client.
+type groupMembers struct {
+	process map[string]*mailbox // process-channel members, fed by one subscription per group
+	plain   map[string]*mailbox // plain-channel members, each fed by its own queue subscription
+}
+
+func (g *groupMembers) size() int { return len(g.process) + len(g.plain) }
+
+// StartGroupAdd makes channel a member of group in this client (S18: membership lives here).
+// It finishes at once (a nil *Op) when the subscriptions it needs are confirmed already;
+// otherwise done is called once the server confirmed them (S1), or with why it did not, unless
+// the Op is cancelled first. A membership that ends that way (failed or cancelled) is taken back,
+// unless the channel was a member before. Adding a member twice is not an error.
+func (l *Layer) StartGroupAdd(group, channel string, done func(error)) (*Op, error) {
+	if err := ValidateGroupName(group); err != nil {
+		return nil, err
+	}
+	if err := ValidateChannelName(channel); err != nil {
+		return nil, err
+	}
+	nonLocal, _, process := strings.Cut(channel, "!")
+	if process && !l.owns(channel) {
+		return nil, &ForeignChannelError{channel}
+	}
+	keys := [2]subKey{memberKey(group, channel), channelKey(channel)}
+	if process {
+		keys = [2]subKey{groupKey(group), processKey(nonLocal)}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, ErrClosed
+	}
+	now := time.Now()
+	mb := l.mailboxLocked(channel, now)
+	g := l.groups[group]
+	if g == nil {
+		g = &groupMembers{process: map[string]*mailbox{}, plain: map[string]*mailbox{}}
+		l.groups[group] = g
+	}
+	members := g.plain
+	if process {
+		members = g.process
+	}
+	_, already := members[channel]
+	if !already {
+		members[channel] = mb
+		mb.groups++
+		mb.readAt = now
+	}
+	subs := []*subscription{l.want(keys[0]), l.want(keys[1])}
+	if confirmedAll(subs) {
+		return nil, nil
+	}
+	// leave takes the membership back, unless the channel was a member before; l.mu must be held.
+	leave := func() {
+		if !already {
+			l.removeMember(group, channel)
+		}
+	}
+	return l.confirmLater(mb, subs, done, leave), nil
+}
+
+// confirmLater confirms subs on a goroutine for an operation of mb that did not finish at once;
+// done gets the result unless the Op was cancelled. undo (if not nil) runs under l.mu to take
+// back what the operation began when it fails or is cancelled, and later on Retract.
+// l.mu must be held.
+func (l *Layer) confirmLater(mb *mailbox, subs []*subscription, done func(error), undo func()) *Op {
+	mb.subscribing++
+	ctx, cancel := context.WithCancel(l.ctx)
+	op := &Op{withdraw: cancel}
+	l.spawn(func() {
+		defer cancel()
+		err := l.confirm(ctx, subs...)
+		l.mu.Lock()
+		mb.subscribing--
+		won := op.finish()
+		switch {
+		case undo == nil:
+		case !won || err != nil:
+			undo()
+		default:
+			op.retractWith(func() {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				if !l.closed {
+					undo()
+				}
+			})
+		}
+		if mb.plain && mb.idle() {
+			l.scheduleRelease(mb) // nobody reads this channel now (a Flush may have overtaken it)
+		}
+		l.mu.Unlock()
+		if won {
+			done(err)
+		}
+	})
+	return op
+}
+
+// GroupAdd is StartGroupAdd that waits, within ctx.
+func (l *Layer) GroupAdd(ctx context.Context, group, channel string) error {
+	return awaitDone(ctx, func(done func(error)) (*Op, error) { return l.StartGroupAdd(group, channel, done) })
+}
+
+// GroupDiscard removes channel from group in this client. Removing a channel that is not a
+// member is not an error. It does not wait on the network.
+func (l *Layer) GroupDiscard(group, channel string) error {
+	if err := ValidateGroupName(group); err != nil {
+		return err
+	}
+	if err := ValidateChannelName(channel); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	l.removeMember(group, channel)
+	return nil
+}
+
+// removeMember ends a membership and drops the subscriptions only it needed. l.mu must be held.
+func (l *Layer) removeMember(name, channel string) bool {
+	g := l.groups[name]
+	if g == nil {
+		return false
+	}
+	members := g.plain
+	if IsProcessChannel(channel) {
+		members = g.process
+	}
+	mb, ok := members[channel]
+	if !ok {
+		return false
+	}
+	delete(members, channel)
+	mb.groups--
+	if g.size() == 0 {
+		delete(l.groups, name)
+	}
+	if !mb.plain {
+		if len(g.process) == 0 {
+			l.drop(groupKey(name))
+		}
+		return true
+	}
+	l.drop(memberKey(name, channel))
+	if mb.idle() {
+		l.scheduleRelease(mb)
+	}
+	return true
+}
+
+// StartNewChannel makes a new process channel name, "<prefix>.<client id>!<32 hex>" (prefix ""
+// means "specific"), with its mailbox ready: messages sent to it from now on are kept until
+// received, expired or reclaimed (S5). It finishes at once when the client's process
+// subscription is confirmed already; otherwise done gets the name once the server confirmed it
+// (S1), unless the Op is cancelled first.
+func (l *Layer) StartNewChannel(prefix string, done func(string, error)) (string, *Op, error) {
+	if prefix == "" {
+		prefix = "specific"
+	}
+	if err := validatePrefix(prefix); err != nil {
+		return "", nil, err
+	}
+	nonLocal := prefix + "." + l.clientID
+	name := nonLocal + "!" + randomHex(16)
+	if err := ValidateChannelName(name); err != nil {
+		return "", nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return "", nil, ErrClosed
+	}
+	mb := l.mailboxLocked(name, time.Now())
+	s := l.want(processKey(nonLocal))
+	if s.confirmed {
+		return name, nil, nil
+	}
+	// A channel that is never reported is reclaimed after mailbox_grace like any idle one.
+	return "", l.confirmLater(mb, []*subscription{s}, func(err error) { done(name, err) }, nil), nil
+}
+
+// NewChannel is StartNewChannel that waits, within ctx.
+func (l *Layer) NewChannel(ctx context.Context, prefix string) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	type result struct {
+		name string
+		err  error
+	}
+	got := make(chan result, 1)
+	name, op, err := l.StartNewChannel(prefix, func(name string, err error) { got <- result{name, err} })
+	if err != nil || op == nil {
+		return name, err
+	}
+	r, err := wait(ctx, op, got)
+	if err != nil {
+		return "", err
+	}
+	if r.err != nil {
+		return "", r.err
+	}
+	return r.name, nil
+}

@@ -1,0 +1,109 @@
+package layer
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go"
+)
+
+// StartSend publishes a msgpack body to a channel without waiting: when the outbound buffer has
+// room the message is accepted at once (a nil *Op); otherwise done is called once, later, when
+// it was accepted (nil) or with why it never will be (*PublishTimeoutError after
+// PublishDeadline, ErrClosed), unless the Op is cancelled first (then nothing is sent).
+//
+// The body must be a valid wire message without the reserved key (*FrameError otherwise, S8);
+// with its headers it must fit the server's max_payload (*MessageTooLargeError, S7). Nothing is
+// sent when it returns an error. The layer keeps body until it is written: do not change it.
+// A message sent to a channel nobody receives on is lost (S1).
+func (l *Layer) StartSend(channel string, body []byte, done func(error)) (*Op, error) {
+	if err := ValidateChannelName(channel); err != nil {
+		return nil, err
+	}
+	m := &nats.Msg{Subject: l.subj.channel(channel), Data: body}
+	if IsProcessChannel(channel) {
+		m.Header = nats.Header{ChannelHeader: []string{channel}}
+	}
+	return l.startPublish(m, done)
+}
+
+// StartGroupSend publishes a msgpack body once on the group's subject; the server fans it out
+// to every member in every process. The rules of StartSend apply. A group with no members is
+// not an error.
+func (l *Layer) StartGroupSend(group string, body []byte, done func(error)) (*Op, error) {
+	if err := ValidateGroupName(group); err != nil {
+		return nil, err
+	}
+	return l.startPublish(&nats.Msg{Subject: l.subj.group(group), Data: body}, done)
+}
+
+func (l *Layer) startPublish(m *nats.Msg, done func(error)) (*Op, error) {
+	if err := validateOutbound(m.Data); err != nil {
+		return nil, err
+	}
+	size := int64(len(m.Data) + headerSize(m.Header))
+	if limit := l.maxPayload.Load(); size > limit {
+		return nil, &MessageTooLargeError{Size: size, MaxPayload: limit}
+	}
+	return l.link.publish(m, int(size)+len(m.Subject), done)
+}
+
+// headerSize is how many bytes a header block adds to a message on the wire.
+func headerSize(h nats.Header) int {
+	if len(h) == 0 {
+		return 0
+	}
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
+}
+
+// SendRaw is StartSend that waits, within ctx, until the message is accepted.
+func (l *Layer) SendRaw(ctx context.Context, channel string, body []byte) error {
+	return awaitDone(ctx, func(done func(error)) (*Op, error) { return l.StartSend(channel, body, done) })
+}
+
+// GroupSendRaw is StartGroupSend that waits, within ctx, until the message is accepted.
+func (l *Layer) GroupSendRaw(ctx context.Context, group string, body []byte) error {
+	return awaitDone(ctx, func(done func(error)) (*Op, error) { return l.StartGroupSend(group, body, done) })
+}
+
+// Send encodes msg and sends it (see SendRaw). Values may be nil, bool, any integer type,
+// float32, float64, string, []byte, []any, []string, map[string]any and map[string]string;
+// anything else is a *FrameError.
+func (l *Layer) Send(ctx context.Context, channel string, msg map[string]any) error {
+	body, err := encodeMessage(msg)
+	if err != nil {
+		return err
+	}
+	return l.SendRaw(ctx, channel, body)
+}
+
+// GroupSend encodes msg and sends it to every member of group (see GroupSendRaw and Send).
+func (l *Layer) GroupSend(ctx context.Context, group string, msg map[string]any) error {
+	body, err := encodeMessage(msg)
+	if err != nil {
+		return err
+	}
+	return l.GroupSendRaw(ctx, group, body)
+}
+
+// awaitDone runs an operation that reports only an error and waits for it within ctx.
+func awaitDone(ctx context.Context, start func(done func(error)) (*Op, error)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	got := make(chan error, 1)
+	op, err := start(func(err error) { got <- err })
+	if err != nil || op == nil {
+		return err
+	}
+	res, err := wait(ctx, op, got)
+	if err != nil {
+		return err
+	}
+	return res
+}

@@ -1,0 +1,249 @@
+package layer
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Message is one received message.
+type Message struct {
+	// Body is the msgpack map as it arrived. Group members in one process share it: read it,
+	// copy it or decode it, never modify it.
+	Body []byte
+	// Channel is the name the receive was made on.
+	Channel string
+
+	mb *mailbox
+	at time.Time
+}
+
+// StartReceive begins a receive on channel. When a message is waiting it is returned at once
+// with a nil *Op. Otherwise deliver is called exactly once, later, from a library goroutine, with
+// the next message or with the error that ended the receive (ErrClosed, or a failed subscription
+// on the first receive of a plain channel), unless the Op is cancelled first. deliver must not
+// block and must not call Close.
+//
+// A process channel must belong to this client (*ForeignChannelError, S12); the name "X!" of this
+// client receives every process channel message that has no mailbox of its own (S13). The first
+// receive of a plain channel subscribes to it and waits for the server's confirmation (S1).
+func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Message, *Op, error) {
+	if err := ValidateChannelName(channel); err != nil {
+		return Message{}, nil, err
+	}
+	key, err := l.receiveKey(channel)
+	if err != nil {
+		return Message{}, nil, err
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return Message{}, nil, ErrClosed
+	}
+	now := time.Now()
+	mb := l.mailboxLocked(channel, now)
+	s := l.want(key)
+	if s.confirmed {
+		msg, op := l.takeOrWait(mb, now, deliver)
+		l.mu.Unlock()
+		return msg, op, nil
+	}
+	mb.subscribing++
+	l.mu.Unlock()
+
+	// The subscription must be confirmed first; the receive waits for it on a goroutine.
+	ctx, cancel := context.WithCancel(l.ctx)
+	var w *waiter // set under l.mu once the receive waits in the mailbox
+	op := &Op{}
+	op.withdraw = func() {
+		cancel()
+		l.mu.Lock()
+		if w != nil && mb.removeWaiter(w) {
+			l.readerLeft(mb, time.Now(), true)
+		}
+		l.mu.Unlock()
+	}
+	l.spawn(func() {
+		defer cancel()
+		err := l.confirm(ctx, s)
+		l.mu.Lock()
+		mb.subscribing--
+		if err == nil && op.pending() {
+			if l.closed {
+				err = ErrClosed
+			} else if msg, ok := l.popLocked(mb, time.Now()); ok {
+				l.mu.Unlock()
+				l.handTo(op, deliver, msg)
+				return
+			} else {
+				w = l.addWaiter(mb, op, deliver)
+				l.mu.Unlock()
+				return
+			}
+		}
+		if mb.plain && mb.idle() {
+			l.scheduleRelease(mb) // no one will read what its subscription takes
+		}
+		l.mu.Unlock()
+		if err == nil {
+			err = ctx.Err()
+		}
+		if op.finish() {
+			deliver(Message{}, err)
+		}
+	})
+	return Message{}, op, nil
+}
+
+// takeOrWait returns the oldest live message of mb, or makes the receive wait for one. l.mu
+// must be held.
+func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, error)) (Message, *Op) {
+	if msg, ok := l.popLocked(mb, now); ok {
+		return msg, nil
+	}
+	op := &Op{}
+	w := l.addWaiter(mb, op, deliver)
+	op.withdraw = func() {
+		l.mu.Lock()
+		if mb.removeWaiter(w) {
+			l.readerLeft(mb, time.Now(), true)
+		}
+		l.mu.Unlock()
+	}
+	return Message{}, op
+}
+
+// addWaiter lists a receive in mb. l.mu must be held.
+func (l *Layer) addWaiter(mb *mailbox, op *Op, deliver func(Message, error)) *waiter {
+	mb.readAt = time.Now()
+	w := &waiter{mb: mb, op: op, deliver: deliver, listed: true}
+	mb.waiters = append(mb.waiters, w)
+	return w
+}
+
+// popLocked takes the oldest live message of mb, if any, dropping expired ones. l.mu must be held.
+func (l *Layer) popLocked(mb *mailbox, now time.Time) (Message, bool) {
+	mb.readAt = now
+	e, ok, expired := mb.pop(now, l.cfg.Expiry)
+	l.countExpired(expired)
+	if !ok {
+		return Message{}, false
+	}
+	l.counters.delivered.Add(1)
+	return Message{Body: e.body, Channel: mb.name, mb: mb, at: e.at}, true
+}
+
+// readerLeft updates mb when a receive stops waiting, with a message or cancelled. l.mu must be held.
+func (l *Layer) readerLeft(mb *mailbox, now time.Time, cancelled bool) {
+	mb.readAt = now
+	if len(mb.waiters) == 0 {
+		mb.activeAt = now // the idle grace starts now (S5)
+	}
+	if cancelled && mb.plain && mb.idle() {
+		l.scheduleRelease(mb)
+	}
+}
+
+// receiveKey is the subscription a receive on channel needs; a process channel must be this
+// client's (S12).
+func (l *Layer) receiveKey(channel string) (subKey, error) {
+	nonLocal, _, ok := strings.Cut(channel, "!")
+	if !ok {
+		return channelKey(channel), nil
+	}
+	if !l.owns(channel) {
+		return subKey{}, &ForeignChannelError{channel}
+	}
+	return processKey(nonLocal), nil
+}
+
+// mailboxLocked returns the mailbox of name, creating it. l.mu must be held.
+func (l *Layer) mailboxLocked(name string, now time.Time) *mailbox {
+	if mb := l.mailboxes[name]; mb != nil {
+		return mb
+	}
+	mb := newMailbox(name, l.cfg.capacityOf(name), now)
+	l.mailboxes[name] = mb
+	return mb
+}
+
+// ReceiveRaw waits for the next message on channel and returns its body (see StartReceive and
+// Message.Body). When ctx ends first it returns ctx.Err() and loses nothing.
+func (l *Layer) ReceiveRaw(ctx context.Context, channel string) ([]byte, error) {
+	type result struct {
+		msg Message
+		err error
+	}
+	got := make(chan result, 1)
+	msg, op, err := l.StartReceive(channel, func(m Message, err error) { got <- result{m, err} })
+	if err != nil || op == nil {
+		return msg.Body, err
+	}
+	r, err := wait(ctx, op, got)
+	if err != nil {
+		return nil, err
+	}
+	return r.msg.Body, r.err
+}
+
+// Receive is ReceiveRaw with the body decoded into a map of its own.
+func (l *Layer) Receive(ctx context.Context, channel string) (map[string]any, error) {
+	body, err := l.ReceiveRaw(ctx, channel)
+	if err != nil {
+		return nil, err
+	}
+	return DecodeMessage(body)
+}
+
+// giveBack returns a message that was handed to a receive that can no longer take it (cancelled
+// after the hand-over, or retracted by a host whose consumer was cancelled): it goes to the front
+// of its mailbox, or to the next waiting receive, and keeps its arrival time, so it expires when
+// it would have (S4, S14). If its plain channel was released meanwhile, it is re-published on its
+// subject.
+func (l *Layer) giveBack(msg Message) {
+	now := time.Now()
+	name, at := msg.mb.name, msg.at
+	handedOver := false
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	uncount(&l.counters.delivered) // it was counted when it was handed over
+	mb := l.mailboxes[name]
+	switch {
+	case expired(at, now, l.cfg.Expiry):
+		l.countExpired(1) // no time left: it would have expired in the mailbox (S4)
+	case msg.mb.plain && mb != msg.mb: // released meanwhile
+		l.handBack(l.subj.channel(name), [][]byte{msg.Body})
+	case mb == nil:
+		l.countNoMailbox(l.subj.channel(name), name)
+	default:
+		if w := mb.takeWaiter(); w != nil {
+			// Delivered by the dispatch goroutine, in order with everything else (callbacks
+			// never run on the caller's goroutine).
+			l.handOver(w, Message{Body: msg.Body, Channel: name, mb: mb, at: at}, now)
+			handedOver = true
+		} else {
+			mb.insert(0, entry{at, msg.Body})
+		}
+	}
+	l.mu.Unlock()
+	if handedOver {
+		select {
+		case l.kick <- struct{}{}:
+		default: // a kick is pending: the dispatcher will see this one too
+		}
+	}
+}
+
+// uncount takes one back from a counter, never below zero.
+func uncount(c *atomic.Uint64) {
+	for {
+		n := c.Load()
+		if n == 0 || c.CompareAndSwap(n, n-1) {
+			return
+		}
+	}
+}
