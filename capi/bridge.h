@@ -9,14 +9,11 @@
 /* Sets this thread's cn_last_error() text. */
 void bridge_set_last_error(const char *text);
 
-/* Call a host callback; marks the thread as inside a callback meanwhile. Go cannot call C
-   function pointers directly. */
-void bridge_invoke(cn_callback callback, uintptr_t closure, cn_status status, const char *text,
-               const uint8_t *data, size_t len);
 /* Stores a host closure (carried as an integer on the Go side) in a result. */
 void bridge_set_closure(cn_result *result, uintptr_t closure);
-void bridge_invoke_batch(cn_batch_callback callback, uintptr_t closure, const cn_result *results,
-                         size_t count);
+
+/* Calls a host's log callback; marks the thread as inside it meanwhile. Go cannot call C function
+   pointers directly. */
 void bridge_invoke_log(cn_log_callback callback, uintptr_t closure, int level, const char *message);
 
 #endif

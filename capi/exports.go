@@ -10,9 +10,7 @@ import "C"
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"runtime"
-	"unsafe"
 
 	"github.com/channels-nats/channels-nats/layer"
 )
@@ -23,12 +21,16 @@ import (
 
 //export cngo_connect
 func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintptr_t,
-	cb C.cn_callback, closure C.uintptr_t, out *C.cn_client) (st C.cn_status) {
+	qh C.cn_queue, closure C.uintptr_t, out *C.cn_client) (st C.cn_status) {
 	defer recoverStatus(&st)
 	if out == nil {
 		return fail(argError("client must not be NULL"))
 	}
 	*out = 0
+	q, err := lookupQueue(qh)
+	if err != nil {
+		return fail(err)
+	}
 	doc, err := goString(configJSON, "config_json", false)
 	if err != nil {
 		return fail(err)
@@ -43,63 +45,49 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 	if err != nil {
 		return fail(configError{err})
 	}
-	c := &client{id: nextHandle(), log: log, logClosure: logClosure, ops: map[uint64]pendingOp{}}
+	c := &client{id: nextHandle(), log: log, logClosure: logClosure, ops: map[uint64]*op{}}
 	cfg.Log = c.logRecord
 	cfg.Deliveries = c.deliveries
 	ctx, cancel := context.WithCancel(context.Background())
-	c.connecting = cancel
+	c.connecting, c.connectQ = cancel, q
 	issued.Store(c.id, struct{}{})
 	clients.Store(c.id, c)
 	*out = C.cn_client(c.id)
 
-	connect := func() error {
+	c.running.Add(1)
+	go func() {
+		defer c.running.Done()
+		defer recoverInGoroutine(c)
 		defer cancel()
 		l, err := layer.Connect(ctx, cfg)
 		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.connecting = nil
+		c.connecting, c.connectQ = nil, nil
 		switch {
 		case c.closing: // close abandoned this connect; it finishes the client
 			if err == nil {
 				_ = l.Close()
 			}
-			return layer.ErrClosed
+			err = layer.ErrClosed
 		case err != nil:
 			clients.Delete(c.id)
-			if c.results != nil {
-				c.results.detach() // a client that never connected frees its queue too
-			}
-			return connectError{err}
+			err = connectError{err}
+		default:
+			c.layer = l
 		}
-		c.layer = l
-		return nil
-	}
-	if cb == nil {
-		if err := connect(); err != nil {
-			*out = 0
-			return fail(err)
-		}
-		return C.CN_OK
-	}
-	c.running.Add(1)
-	go func() {
-		defer c.running.Done()
-		defer recoverInGoroutine(c)
-		err := connect()
-		var text *C.char
-		if err != nil {
-			text = C.CString(errorText(err))
-			defer C.free(unsafe.Pointer(text))
-		}
-		C.bridge_invoke(cb, closure, statusOf(err), text, nil, 0)
+		c.mu.Unlock()
+		q.add(c, outcome{id: c.id, closure: closure, status: statusOf(err), text: resultText(err, "")})
 	}()
 	return C.CN_PENDING
 }
 
 //export cngo_close
-func cngo_close(h C.cn_client, cb C.cn_callback, closure C.uintptr_t) (st C.cn_status) {
+func cngo_close(h C.cn_client, qh C.cn_queue, closure C.uintptr_t) (st C.cn_status) {
 	defer recoverStatus(&st)
 	c, err := lookup(h)
+	if err != nil {
+		return fail(err)
+	}
+	q, err := lookupQueue(qh)
 	if err != nil {
 		return fail(err)
 	}
@@ -110,27 +98,53 @@ func cngo_close(h C.cn_client, cb C.cn_callback, closure C.uintptr_t) (st C.cn_s
 	}
 	c.closing = true
 	c.mu.Unlock()
-	if cb == nil {
-		c.close()
-		return C.CN_OK
-	}
 	go func() {
 		defer recoverInGoroutine(c)
 		c.close()
-		C.bridge_invoke(cb, closure, C.CN_OK, nil, nil, 0)
+		c.mu.Lock()
+		l := c.layer
+		c.mu.Unlock()
+		q.add(c, outcome{id: c.id, closure: closure, status: C.CN_OK, text: statsJSON(l)})
 	}()
 	return C.CN_PENDING
 }
 
-// publish is cn_send and cn_group_send: at once on a healthy connection, else pending.
-func publish(h C.cn_client, name *C.char, what string, body *C.uint8_t, n C.size_t, cb C.cn_callback,
-	closure C.uintptr_t, opOut *C.cn_op, send func(*layer.Layer, context.Context, string, []byte) error) C.cn_status {
+// start begins an operation whose pending result goes to queue qh: it checks the client and
+// the queue, writes the op handle first (a result taken on another thread may name it before
+// the call returns), and registers the op when begin leaves it pending.
+func start(h C.cn_client, qh C.cn_queue, closure C.uintptr_t, opOut *C.cn_op,
+	begin func(o *op) (*layer.Op, error)) C.cn_status {
 	if opOut != nil {
 		*opOut = 0
 	}
 	c, l, err := usable(h)
 	if err != nil {
 		return fail(err)
+	}
+	q, err := lookupQueue(qh)
+	if err != nil {
+		return fail(err)
+	}
+	o := c.newOp(l, q, closure)
+	if opOut != nil {
+		*opOut = C.cn_op(o.id)
+	}
+	lop, err := begin(o)
+	if err != nil || lop == nil {
+		if opOut != nil {
+			*opOut = 0
+		}
+		return result(err)
+	}
+	o.register(lop)
+	return C.CN_PENDING
+}
+
+// publish is cn_send and cn_group_send.
+func publish(h C.cn_client, name *C.char, what string, body *C.uint8_t, n C.size_t, qh C.cn_queue,
+	closure C.uintptr_t, opOut *C.cn_op, send func(*layer.Layer, string, []byte, func(error)) (*layer.Op, error)) C.cn_status {
+	if opOut != nil {
+		*opOut = 0
 	}
 	target, err := goString(name, what, true)
 	if err != nil {
@@ -140,48 +154,93 @@ func publish(h C.cn_client, name *C.char, what string, body *C.uint8_t, n C.size
 	if err != nil {
 		return fail(err)
 	}
-	// nats.go copies the body into its write buffer, so the C memory is only read during the call.
-	err = send(l, layer.NoWait(context.Background()), target, data)
-	if !errors.Is(err, layer.ErrWouldBlock) {
-		return result(err)
-	}
-	data = append([]byte(nil), data...) // the caller may reuse its buffer once we return
-	if cb == nil {
-		return result(send(l, context.Background(), target, data))
-	}
-	o, err := c.start(cb, closure)
-	if err != nil {
-		return fail(err)
-	}
-	o.run(func(ctx context.Context) { o.finish(send(l, ctx, target, data), "", nil) })
-	if opOut != nil {
-		*opOut = C.cn_op(o.id)
-	}
-	return C.CN_PENDING
+	return start(h, qh, closure, opOut, func(o *op) (*layer.Op, error) {
+		o.sent = true
+		// The layer keeps the body until it is written; the caller may reuse its buffer at once.
+		return send(o.l, target, append([]byte(nil), data...), o.done)
+	})
 }
 
 //export cngo_send
-func cngo_send(h C.cn_client, channel *C.char, body *C.uint8_t, n C.size_t, cb C.cn_callback,
+func cngo_send(h C.cn_client, channel *C.char, body *C.uint8_t, n C.size_t, qh C.cn_queue,
 	closure C.uintptr_t, opOut *C.cn_op) (st C.cn_status) {
 	defer recoverStatus(&st)
-	return publish(h, channel, "channel", body, n, cb, closure, opOut, (*layer.Layer).SendRaw)
+	return publish(h, channel, "channel", body, n, qh, closure, opOut, (*layer.Layer).StartSend)
 }
 
 //export cngo_group_send
-func cngo_group_send(h C.cn_client, group *C.char, body *C.uint8_t, n C.size_t, cb C.cn_callback,
+func cngo_group_send(h C.cn_client, group *C.char, body *C.uint8_t, n C.size_t, qh C.cn_queue,
 	closure C.uintptr_t, opOut *C.cn_op) (st C.cn_status) {
 	defer recoverStatus(&st)
-	return publish(h, group, "group", body, n, cb, closure, opOut, (*layer.Layer).GroupSendRaw)
+	return publish(h, group, "group", body, n, qh, closure, opOut, (*layer.Layer).StartGroupSend)
 }
 
-// usable finds a client that can be used now: connected, not closing.
-func usable(h C.cn_client) (*client, *layer.Layer, error) {
-	c, err := lookup(h)
-	if err != nil {
-		return nil, nil, err
+//export cngo_receive
+func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintptr_t,
+	bodyOut **C.uint8_t, lenOut *C.size_t, opOut *C.cn_op) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if opOut != nil {
+		*opOut = 0
 	}
-	l, err := c.connected()
-	return c, l, err
+	if bodyOut == nil || lenOut == nil {
+		return fail(argError("body and len must not be NULL"))
+	}
+	*bodyOut, *lenOut = nil, 0
+	name, err := goString(channel, "channel", true)
+	if err != nil {
+		return fail(err)
+	}
+	return start(h, qh, closure, opOut, func(o *op) (*layer.Op, error) {
+		msg, lop, err := o.l.StartReceive(name, o.receiver)
+		if err == nil && lop == nil { // a message was waiting: lent until the queue's next take or receive
+			q := o.q
+			q.mu.Lock()
+			q.release()
+			*bodyOut, *lenOut = q.lend(msg.Body), C.size_t(len(msg.Body))
+			q.mu.Unlock()
+		}
+		return lop, err
+	})
+}
+
+//export cngo_new_channel
+func cngo_new_channel(h C.cn_client, prefix *C.char, qh C.cn_queue, closure C.uintptr_t,
+	channelOut **C.char, opOut *C.cn_op) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if opOut != nil {
+		*opOut = 0
+	}
+	if channelOut == nil {
+		return fail(argError("channel must not be NULL"))
+	}
+	*channelOut = nil
+	p, err := goString(prefix, "prefix", false)
+	if err != nil {
+		return fail(err)
+	}
+	return start(h, qh, closure, opOut, func(o *op) (*layer.Op, error) {
+		name, lop, err := o.l.StartNewChannel(p, o.named)
+		if err == nil && lop == nil {
+			*channelOut = C.CString(name)
+		}
+		return lop, err
+	})
+}
+
+//export cngo_group_add
+func cngo_group_add(h C.cn_client, group, channel *C.char, qh C.cn_queue, closure C.uintptr_t,
+	opOut *C.cn_op) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if opOut != nil {
+		*opOut = 0
+	}
+	g, ch, err := membership(group, channel)
+	if err != nil {
+		return fail(err)
+	}
+	return start(h, qh, closure, opOut, func(o *op) (*layer.Op, error) {
+		return o.l.StartGroupAdd(g, ch, o.done)
+	})
 }
 
 // membership copies the group and channel arguments of group_add and group_discard.
@@ -192,188 +251,6 @@ func membership(group, channel *C.char) (string, string, error) {
 	}
 	ch, err := goString(channel, "channel", true)
 	return g, ch, err
-}
-
-// cCopy returns a malloc'ed copy of b, which the host frees with cn_free.
-func cCopy(b []byte) *C.uint8_t {
-	if len(b) == 0 {
-		return (*C.uint8_t)(C.malloc(1)) // never NULL on success
-	}
-	return (*C.uint8_t)(C.CBytes(b))
-}
-
-//export cngo_receive
-func cngo_receive(h C.cn_client, channel *C.char, cb C.cn_callback, closure C.uintptr_t,
-	bodyOut **C.uint8_t, lenOut *C.size_t, opOut *C.cn_op) (st C.cn_status) {
-	defer recoverStatus(&st)
-	if opOut != nil {
-		*opOut = 0
-	}
-	if bodyOut == nil || lenOut == nil {
-		return fail(argError("body and len must not be NULL"))
-	}
-	*bodyOut, *lenOut = nil, 0
-	c, l, err := usable(h)
-	if err != nil {
-		return fail(err)
-	}
-	name, err := goString(channel, "channel", true)
-	if err != nil {
-		return fail(err)
-	}
-	ready := func(body []byte) C.cn_status {
-		*bodyOut, *lenOut = cCopy(body), C.size_t(len(body))
-		return C.CN_OK
-	}
-	if cb == nil {
-		body, err := l.ReceiveRaw(context.Background(), name)
-		if err != nil {
-			return fail(err)
-		}
-		return ready(body)
-	}
-	o := c.newOp(cb, closure)
-	msg, pending, err := l.StartReceive(layer.NoWait(context.Background()), name, o.deliver(l))
-	switch {
-	case errors.Is(err, layer.ErrWouldBlock): // the channel's subscription is not confirmed yet
-		if err := c.register(o); err != nil {
-			return fail(err)
-		}
-		o.run(func(ctx context.Context) {
-			msg, pending, err := l.StartReceive(ctx, name, o.deliver(l))
-			switch {
-			case err != nil:
-				o.finish(err, "", nil)
-			case pending != nil:
-				o.waitFor(pending)
-			case !o.finish(nil, "", msg.Body):
-				l.PutBack(msg)
-			}
-		})
-	case err != nil:
-		return fail(err)
-	case pending == nil: // a message was waiting: no pending operation at all
-		return ready(msg.Body)
-	default:
-		o.waitFor(pending)
-		if err := c.register(o); err != nil && o.withdraw() {
-			return fail(err) // closing: nothing was delivered, nor will be
-		} // else it finished already: its result is on its way, as for any pending operation
-	}
-	if opOut != nil {
-		*opOut = C.cn_op(o.id)
-	}
-	return C.CN_PENDING
-}
-
-//export cngo_put_back
-func cngo_put_back(h C.cn_client, channel *C.char, body *C.uint8_t, n C.size_t) (st C.cn_status) {
-	defer recoverStatus(&st)
-	l, name, data, err := putBackArgs(h, channel, body, n, "body")
-	if err != nil {
-		return fail(err)
-	}
-	l.PutBack(layer.Message{Channel: name, Body: append([]byte(nil), data...)})
-	return C.CN_OK
-}
-
-// putBackArgs checks the arguments of cn_put_back and cn_put_back_many; data is lent, valid
-// during the call only.
-func putBackArgs(h C.cn_client, channel *C.char, p *C.uint8_t, n C.size_t, what string) (*layer.Layer, string, []byte, error) {
-	_, l, err := usable(h)
-	if err != nil {
-		return nil, "", nil, err
-	}
-	name, err := goString(channel, "channel", true)
-	if err == nil {
-		err = layer.ValidateChannelName(name)
-	}
-	if err != nil {
-		return nil, "", nil, err
-	}
-	data, err := cBytes(p, n, what)
-	return l, name, data, err
-}
-
-// pendingOrNow runs a call that may wait on the network: at once when it need not wait, on the
-// calling thread when cb is NULL, else as a pending operation whose callback gets the text. undo
-// (if not nil) reverts a call that succeeded after the operation was withdrawn.
-func pendingOrNow(c *client, cb C.cn_callback, closure C.uintptr_t, opOut *C.cn_op,
-	call func(ctx context.Context) (string, error), done func(text string), undo func()) C.cn_status {
-	text, err := call(layer.NoWait(context.Background()))
-	if !errors.Is(err, layer.ErrWouldBlock) {
-		if err == nil {
-			done(text)
-		}
-		return result(err)
-	}
-	if cb == nil {
-		text, err := call(context.Background())
-		if err == nil {
-			done(text)
-		}
-		return result(err)
-	}
-	o, err := c.start(cb, closure)
-	if err != nil {
-		return fail(err)
-	}
-	o.run(func(ctx context.Context) {
-		text, err := call(ctx)
-		if !o.finish(err, text, nil) && err == nil && undo != nil {
-			undo() // cn_cancel won the race with the success: keep its promise
-		}
-	})
-	if opOut != nil {
-		*opOut = C.cn_op(o.id)
-	}
-	return C.CN_PENDING
-}
-
-//export cngo_new_channel
-func cngo_new_channel(h C.cn_client, prefix *C.char, cb C.cn_callback, closure C.uintptr_t,
-	channelOut **C.char, opOut *C.cn_op) (st C.cn_status) {
-	defer recoverStatus(&st)
-	if opOut != nil {
-		*opOut = 0
-	}
-	if channelOut == nil {
-		return fail(argError("channel must not be NULL"))
-	}
-	*channelOut = nil
-	c, l, err := usable(h)
-	if err != nil {
-		return fail(err)
-	}
-	p, err := goString(prefix, "prefix", false)
-	if err != nil {
-		return fail(err)
-	}
-	return pendingOrNow(c, cb, closure, opOut,
-		func(ctx context.Context) (string, error) { return l.NewChannel(ctx, p) },
-		func(name string) { *channelOut = C.CString(name) },
-		nil) // an unreported channel is reclaimed after mailbox_grace
-}
-
-//export cngo_group_add
-func cngo_group_add(h C.cn_client, group, channel *C.char, cb C.cn_callback, closure C.uintptr_t,
-	opOut *C.cn_op) (st C.cn_status) {
-	defer recoverStatus(&st)
-	if opOut != nil {
-		*opOut = 0
-	}
-	c, l, err := usable(h)
-	if err != nil {
-		return fail(err)
-	}
-	g, ch, err := membership(group, channel)
-	if err != nil {
-		return fail(err)
-	}
-	return pendingOrNow(c, cb, closure, opOut,
-		func(ctx context.Context) (string, error) { return "", l.GroupAdd(ctx, g, ch) },
-		func(string) {},
-		func() { _ = l.GroupDiscard(g, ch) })
 }
 
 //export cngo_group_discard
@@ -403,42 +280,20 @@ func cngo_flush(h C.cn_client) (st C.cn_status) {
 //export cngo_cancel
 func cngo_cancel(h C.cn_client, id C.cn_op) (st C.cn_status) {
 	defer recoverStatus(&st)
-	o, err := findOp(h, id)
+	c, err := lookup(h)
 	if err != nil {
 		return fail(err)
 	}
+	if id == 0 || uint64(id) > lastHandle.Load() {
+		return fail(errInvalidOp)
+	}
+	c.mu.Lock()
+	o := c.ops[uint64(id)]
+	c.mu.Unlock()
 	if o == nil || !o.withdraw() {
 		return fail(errNotPending)
 	}
 	return C.CN_OK
-}
-
-//export cngo_set_batch_callback
-func cngo_set_batch_callback(h C.cn_client, cb C.cn_batch_callback, closure C.uintptr_t) (st C.cn_status) {
-	defer recoverStatus(&st)
-	if cb == nil {
-		return fail(argError("callback must not be NULL"))
-	}
-	return result(setSink(h, func() resultSink { return newBatcher(cb, closure) }))
-}
-
-// setSink makes the results of client h go to the sink newSink returns, once, before its first
-// pending operation (also while it connects: hosts set it first thing).
-func setSink(h C.cn_client, newSink func() resultSink) error {
-	c, err := lookup(h)
-	if err != nil {
-		return err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case c.closing:
-		return layer.ErrClosed
-	case c.results != nil || len(c.ops) > 0:
-		return errSinkTooLate
-	}
-	c.results = newSink()
-	return nil
 }
 
 //export cngo_stats
@@ -452,14 +307,21 @@ func cngo_stats(h C.cn_client, out **C.char) (st C.cn_status) {
 	if err != nil {
 		return fail(err)
 	}
-	// Goroutines are counted for the whole library (all clients): a leak check for hosts.
-	doc, err := json.Marshal(struct {
+	*out = C.CString(statsJSON(l))
+	return C.CN_OK
+}
+
+// statsJSON is the stats document of cn_stats and of a close's result (all zero for a client
+// that never connected). Goroutines are counted for the whole library (all clients): a leak
+// check for hosts.
+func statsJSON(l *layer.Layer) string {
+	var stats layer.Stats
+	if l != nil {
+		stats = l.Stats()
+	}
+	doc, _ := json.Marshal(struct {
 		layer.Stats
 		Goroutines int `json:"goroutines"`
-	}{l.Stats(), runtime.NumGoroutine()})
-	if err != nil {
-		return fail(err)
-	}
-	*out = C.CString(string(doc))
-	return C.CN_OK
+	}{stats, runtime.NumGoroutine()})
+	return string(doc)
 }

@@ -6,90 +6,172 @@ package main
 import "C"
 
 import (
-	"errors"
+	"runtime"
 	"sync"
 	"unsafe"
 )
 
-var (
-	queues           sync.Map // uint64 -> *resultQueue, until cn_queue_free
-	errQueueAttached = errors.New("a client that is not closed still puts its results in this queue")
-)
+var queues sync.Map // uint64 -> *resultQueue, until cn_queue_free
 
-// resultSink takes the results of a client's pending operations when they do not go to each
-// operation's own callback: a batcher (cn_set_batch_callback) or a resultQueue.
-type resultSink interface {
-	add(outcome)
-	detach() // the client is closed: nothing more comes from it
+// outcome is one result waiting in a queue.
+type outcome struct {
+	op      *op // nil for a connect's or a close's result
+	id      uint64
+	closure C.uintptr_t
+	status  C.cn_status
+	text    string
+	body    []byte
 }
 
 // resultQueue holds results until the host takes them (cn_queue_take): no library thread ever
-// calls into the host for them, which is what an event loop with an interpreter lock wants. When
-// the queue goes from empty to non-empty it writes one byte to the host's notify descriptor.
+// calls into the host for them. When the queue goes from empty to non-empty it writes one byte
+// to the host's notify descriptor.
+//
+// What a take or a receive lends the host stays valid until the next one: message bodies are
+// the layer's own bytes, pinned (no copy), and texts are copied into one C block.
 type resultQueue struct {
 	id     uint64
 	notify *notifier // nil: the host polls
 
-	mu       sync.Mutex
-	items    []outcome
-	attached int  // clients not closed yet that add to this queue
-	held     int  // bursts of deliveries in progress (hold): the signal waits for their end
-	owed     bool // a signal is due when the last burst ends
+	mu     sync.Mutex
+	items  []outcome
+	lent   []*op // whose results the last take handed over: retractable until the next take
+	freed  bool
+	pinned runtime.Pinner // bodies lent by the last take or receive
+	texts  unsafe.Pointer // C block the last take's texts were copied into
+	size   int            // its size
 }
 
-func (q *resultQueue) add(r outcome) {
+// add queues r and wakes the host when the queue was empty; false when the queue was freed.
+func (q *resultQueue) add(c *client, r outcome) bool {
 	q.mu.Lock()
-	signal := len(q.items) == 0
+	if q.freed {
+		q.mu.Unlock()
+		return false
+	}
+	wasEmpty := len(q.items) == 0
 	q.items = append(q.items, r)
-	if signal && q.held > 0 {
-		q.owed, signal = true, false
-	}
 	q.mu.Unlock()
-	if signal && q.notify != nil {
-		q.notify.signal()
+	if wasEmpty {
+		c.signal(q)
 	}
+	return true
 }
 
-// hold starts a burst of results (the deliveries of one group message): the host is signalled
-// once, when the burst ends, and takes the whole burst at once instead of racing the library
-// for every result of it.
-func (q *resultQueue) hold() {
-	q.mu.Lock()
-	q.held++
-	q.mu.Unlock()
-}
-
-// release ends a burst, and signals the host if a result came during it.
-func (q *resultQueue) release() {
-	q.mu.Lock()
-	q.held--
-	signal := q.held == 0 && q.owed
-	if signal {
-		q.owed = false
+// signal writes the notify byte, unless q was freed: after cn_queue_free the host may close or
+// reuse the descriptor.
+func (q *resultQueue) signal() {
+	if q.notify == nil {
+		return
 	}
-	q.mu.Unlock()
-	if signal && q.notify != nil {
-		q.notify.signal()
-	}
-}
-
-func (q *resultQueue) detach() {
-	q.mu.Lock()
-	q.attached--
-	q.mu.Unlock()
-}
-
-// take removes up to max results, oldest first.
-func (q *resultQueue) take(max int) []outcome {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	n := min(max, len(q.items))
-	taken := q.items[:n:n]
-	q.items = q.items[n:]
+	if !q.freed {
+		q.notify.signal()
+	}
+}
+
+// lend pins body until the next take or receive with q, and returns it for C. q.mu must be held.
+func (q *resultQueue) lend(body []byte) *C.uint8_t {
+	if len(body) == 0 {
+		return nil
+	}
+	q.pinned.Pin(&body[0])
+	return (*C.uint8_t)(unsafe.Pointer(&body[0]))
+}
+
+// release ends what the last take or receive lent. q.mu must be held.
+func (q *resultQueue) release() { q.pinned.Unpin() }
+
+// textBlock returns a C block of at least n bytes for texts, reusing the last one. q.mu must be
+// held.
+func (q *resultQueue) textBlock(n int) []byte {
+	if n > q.size {
+		C.free(q.texts)
+		q.size = max(n, 2*q.size, 256)
+		q.texts = C.malloc(C.size_t(q.size))
+	}
+	return unsafe.Slice((*byte)(q.texts), q.size)
+}
+
+// take moves up to len(results) results into results and returns how many. The results of the
+// take before are kept for good now: their ops are forgotten.
+func (q *resultQueue) take(results []C.cn_result) int {
+	q.mu.Lock()
+	q.release()
+	kept := q.lent
+	q.lent = nil
+	for _, o := range kept {
+		o.kept()
+	}
+	textBytes := 0
+	for _, r := range q.items {
+		textBytes += len(r.text) + 1
+	}
+	block := q.textBlock(textBytes)
+	at, filled, used := 0, 0, 0
+	for _, r := range q.items {
+		if filled == len(results) {
+			break
+		}
+		used++
+		if r.op != nil {
+			if !r.op.taken() {
+				continue // withdrawn while it waited here: it takes no slot
+			}
+			q.lent = append(q.lent, r.op)
+		}
+		res := &results[filled]
+		filled++
+		*res = C.cn_result{op: C.cn_op(r.id), status: r.status}
+		C.bridge_set_closure(res, r.closure)
+		if r.text != "" {
+			k := copy(block[at:], r.text)
+			block[at+k] = 0
+			res.text = (*C.char)(unsafe.Pointer(&block[at]))
+			at += k + 1
+		}
+		if r.body != nil {
+			res.data, res.len = q.lend(r.body), C.size_t(len(r.body))
+		}
+	}
+	clear(q.items[:used])
+	q.items = q.items[used:]
 	if len(q.items) == 0 {
 		q.items = nil // let the backing array go
 	}
-	return taken
+	q.mu.Unlock()
+	for _, o := range kept {
+		o.unregister()
+	}
+	return filled
+}
+
+// free ends q: later results are dropped, and the ops of the last take are forgotten. It
+// returns the results nobody took.
+func (q *resultQueue) free() []outcome {
+	q.mu.Lock()
+	q.freed = true
+	left, lent := q.items, q.lent
+	q.items, q.lent = nil, nil
+	for _, o := range lent {
+		o.kept()
+	}
+	q.release()
+	C.free(q.texts)
+	q.texts, q.size = nil, 0
+	q.mu.Unlock()
+	for _, o := range lent {
+		o.unregister()
+	}
+	return left
+}
+
+func lookupQueue(h C.cn_queue) (*resultQueue, error) {
+	if v, ok := queues.Load(uint64(h)); ok {
+		return v.(*resultQueue), nil
+	}
+	return nil, errInvalidQueue
 }
 
 //export cngo_queue_new
@@ -112,36 +194,13 @@ func cngo_queue_new(notify C.intptr_t, out *C.cn_queue) (st C.cn_status) {
 	return C.CN_OK
 }
 
-func lookupQueue(h C.cn_queue) (*resultQueue, error) {
-	if v, ok := queues.Load(uint64(h)); ok {
-		return v.(*resultQueue), nil
-	}
-	return nil, errInvalidHandle
-}
-
-//export cngo_set_result_queue
-func cngo_set_result_queue(h C.cn_client, qh C.cn_queue) (st C.cn_status) {
-	defer recoverStatus(&st)
-	q, err := lookupQueue(qh)
-	if err != nil {
-		return fail(err)
-	}
-	return result(setSink(h, func() resultSink {
-		q.mu.Lock()
-		q.attached++
-		q.mu.Unlock()
-		return q
-	}))
-}
-
 //export cngo_queue_take
-func cngo_queue_take(qh C.cn_queue, results *C.cn_result, capacity C.size_t, count *C.size_t,
-	memory *unsafe.Pointer) (st C.cn_status) {
+func cngo_queue_take(qh C.cn_queue, results *C.cn_result, capacity C.size_t, count *C.size_t) (st C.cn_status) {
 	defer recoverStatus(&st)
-	if count == nil || memory == nil || (results == nil && capacity > 0) {
-		return fail(argError("results (unless capacity is 0), count and memory must not be NULL"))
+	if count == nil || (results == nil && capacity > 0) {
+		return fail(argError("results (unless capacity is 0) and count must not be NULL"))
 	}
-	*count, *memory = 0, nil
+	*count = 0
 	q, err := lookupQueue(qh)
 	if err != nil {
 		return fail(err)
@@ -149,12 +208,7 @@ func cngo_queue_take(qh C.cn_queue, results *C.cn_result, capacity C.size_t, cou
 	if capacity == 0 {
 		return C.CN_OK
 	}
-	taken := q.take(int(min(capacity, 1<<20)))
-	if len(taken) == 0 {
-		return C.CN_OK
-	}
-	*memory = packResults(taken, unsafe.Slice(results, len(taken)))
-	*count = C.size_t(len(taken))
+	*count = C.size_t(q.take(unsafe.Slice(results, int(min(capacity, 1<<20)))))
 	return C.CN_OK
 }
 
@@ -165,11 +219,35 @@ func cngo_queue_free(qh C.cn_queue) (st C.cn_status) {
 	if err != nil {
 		return fail(err)
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.attached > 0 {
-		return fail(errQueueAttached)
+	queues.Delete(q.id)
+	for _, r := range q.free() {
+		if r.op != nil {
+			r.op.unregister()
+			r.op.giveUp() // a receive's message goes back to its mailbox
+		}
 	}
-	queues.Delete(q.id) // results nobody took go with it: their clients are closed
+	// Pending operations that would report here are withdrawn; connects are abandoned.
+	clients.Range(func(_, v any) bool {
+		c := v.(*client)
+		c.mu.Lock()
+		var mine []*op
+		for _, o := range c.ops {
+			if o.q == q {
+				mine = append(mine, o)
+			}
+		}
+		abandon := c.connectQ == q && c.layer == nil && !c.closing
+		if abandon {
+			c.closing = true
+		}
+		c.mu.Unlock()
+		for _, o := range mine {
+			o.withdraw()
+		}
+		if abandon {
+			go c.close()
+		}
+		return true
+	})
 	return C.CN_OK
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/channels-nats/channels-nats/layer"
 )
 
-// Handles of clients and operations come from one counter, so no handle is ever reused and
-// one kind of handle is never taken for the other.
+// Handles of clients, operations and queues come from one counter, so no handle is ever reused
+// and one kind of handle is never taken for another.
 var (
 	lastHandle atomic.Uint64
 	clients    sync.Map // uint64 -> *client, while open
@@ -30,16 +30,16 @@ type client struct {
 	log        C.cn_log_callback
 	logClosure C.uintptr_t
 	silenced   atomic.Bool // set when close finished: no log record may reach the host after
+	burst      burst       // signals of its queues held back during a burst of deliveries
 
 	mu         sync.Mutex
 	layer      *layer.Layer       // nil while connecting
 	connecting context.CancelFunc // cancels a connect in progress
+	connectQ   *resultQueue       // where the connect in progress reports
 	closing    bool
-	ops        map[uint64]pendingOp
+	ops        map[uint64]*op // pending operations, for cn_cancel and cn_queue_free
 
-	running sync.WaitGroup // goroutines that may still call back: connect and pending operations
-
-	results resultSink // set by cn_set_batch_callback or cn_set_result_queue
+	running sync.WaitGroup // the connect goroutine
 }
 
 // lookup finds a client by handle.
@@ -51,20 +51,24 @@ func lookup(h C.cn_client) (*client, error) {
 	if _, ok := issued.Load(id); ok {
 		return nil, layer.ErrClosed
 	}
-	return nil, errInvalidHandle
+	return nil, errInvalidClient
 }
 
-// connected returns the client's layer, or why it cannot be used now.
-func (c *client) connected() (*layer.Layer, error) {
+// usable finds a client that can be used now: connected, not closing.
+func usable(h C.cn_client) (*client, *layer.Layer, error) {
+	c, err := lookup(h)
+	if err != nil {
+		return nil, nil, err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
 	case c.closing:
-		return nil, layer.ErrClosed
+		return nil, nil, layer.ErrClosed
 	case c.layer == nil:
-		return nil, errConnecting
+		return nil, nil, errConnecting
 	}
-	return c.layer, nil
+	return c, c.layer, nil
 }
 
 // logRecord passes a layer log record to the host's log callback.
@@ -77,207 +81,198 @@ func (c *client) logRecord(level layer.Level, message string) {
 	C.bridge_invoke_log(c.log, c.logClosure, C.int(level), text)
 }
 
-// deliveries brackets a burst of results of one arrived message (layer.Config.Deliveries): a
-// result queue signals its host once for the burst. c.results is set before the first pending
-// operation exists, so before any delivery.
+// burst holds back the signals of result queues while the dispatcher delivers the results of one
+// arrived message (layer.Config.Deliveries): a group message that finishes many receives wakes
+// each host loop once, after the last of them.
+type burst struct {
+	mu      sync.Mutex
+	active  bool
+	waiting []*resultQueue
+}
+
+// deliveries is the client's layer.Config.Deliveries.
 func (c *client) deliveries(begin bool) {
-	q, ok := c.results.(*resultQueue)
-	switch {
-	case !ok:
-	case begin:
-		q.hold()
-	default:
-		q.release()
+	b := &c.burst
+	b.mu.Lock()
+	if begin {
+		b.active = true
+		b.mu.Unlock()
+		return
+	}
+	b.active = false
+	waiting := b.waiting
+	b.waiting = nil
+	b.mu.Unlock()
+	for _, q := range waiting {
+		q.signal()
 	}
 }
 
-// pendingOp is what cn_cancel and close find in a client: an op or a stream.
-type pendingOp interface {
-	withdraw() bool     // cn_cancel: true when its callback will not run (again)
-	end(err error) bool // close: its last result, unless it had ended
+// signal wakes q's host now, or at the end of the burst in progress.
+func (c *client) signal(q *resultQueue) {
+	b := &c.burst
+	b.mu.Lock()
+	if b.active {
+		b.waiting = append(b.waiting, q)
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	q.signal()
 }
 
-// findOp returns the pending operation or stream of client h that id names, nil when it has
-// finished; errInvalidHandle for op 0 or a handle this library never issued.
-func findOp(h C.cn_client, id C.cn_op) (pendingOp, error) {
-	c, err := lookup(h)
-	if err != nil {
-		return nil, err
-	}
-	if id == 0 || uint64(id) > lastHandle.Load() {
-		return nil, errInvalidHandle
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.ops[uint64(id)], nil
-}
-
-// op is a pending operation: its callback runs exactly once unless it is withdrawn first.
+// op is a pending operation of a client: its result goes to queue q, unless it is withdrawn.
 type op struct {
 	id      uint64
 	c       *client
-	cb      C.cn_callback
+	q       *resultQueue
 	closure C.uintptr_t
-	state   atomic.Int32
+	l       *layer.Layer
+	sent    bool // a send: once accepted, it is not taken back
 
 	mu      sync.Mutex
-	cancel  context.CancelFunc    // set by run: ends the wait of the goroutine working for it
-	receive *layer.PendingReceive // a receive waiting in its mailbox
+	lop     *layer.Op // set by register, once the call that began it returned
+	state   opState
+	claimed bool          // a withdraw runs or ran: later ones have nothing to do
+	retract bool          // nobody will take its result: Retract it once lop is known
+	settled chan struct{} // closed when its result is queued, or nobody will take it
 }
+
+type opState uint8
 
 const (
-	opPending int32 = iota
-	opFinished
-	opWithdrawn
+	opRunning   opState = iota // the layer works on it
+	opQueued                   // its result waits in q
+	opTaken                    // the host took its result with q's last take: it may still retract it
+	opDone                     // the host kept its result (it took from q again)
+	opWithdrawn                // cancelled or retracted
 )
 
-// newOp makes an operation that is not registered yet: a call that may finish at once pays for
-// registering only when it does not.
-func (c *client) newOp(cb C.cn_callback, closure C.uintptr_t) *op {
-	return &op{id: nextHandle(), c: c, cb: cb, closure: closure}
+func (c *client) newOp(l *layer.Layer, q *resultQueue, closure C.uintptr_t) *op {
+	return &op{id: nextHandle(), c: c, q: q, closure: closure, l: l, settled: make(chan struct{})}
 }
 
-// register makes o known to cn_cancel and close; it fails once the client is closing. An
-// operation that finished before it was registered (its result raced the registration) is not
-// kept: finish deletes after its state changed, register inserts only while it has not.
-func (c *client) register(o *op) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closing {
-		return layer.ErrClosed
-	}
-	if o.state.Load() == opPending {
-		c.ops[o.id] = o
-	}
-	return nil
-}
-
-// start registers a new pending operation.
-func (c *client) start(cb C.cn_callback, closure C.uintptr_t) (*op, error) {
-	o := c.newOp(cb, closure)
-	return o, c.register(o)
-}
-
-// unregister forgets o in its client and ends the wait of a goroutine working for it.
-func (o *op) unregister() {
+// register makes a pending o known to cn_cancel and cn_queue_free, unless its result was taken
+// already (a host taking from its queue on another thread). Operations that finish during their
+// call are never registered.
+func (o *op) register(lop *layer.Op) {
+	o.c.mu.Lock()
 	o.mu.Lock()
-	cancel := o.cancel
-	o.mu.Unlock()
-	if cancel != nil {
-		cancel()
+	o.lop = lop
+	if o.state == opRunning || o.state == opQueued {
+		o.c.ops[o.id] = o
 	}
+	retract := o.retract
+	o.retract = false
+	o.mu.Unlock()
+	o.c.mu.Unlock()
+	if retract {
+		lop.Retract()
+	}
+}
+
+func (o *op) unregister() {
 	o.c.mu.Lock()
 	delete(o.c.ops, o.id)
 	o.c.mu.Unlock()
 }
 
-// finish reports the result through the callback, unless the operation was withdrawn; it
-// reports whether the callback ran.
-func (o *op) finish(err error, text string, data []byte) bool {
-	st := statusOf(err)
-	if err != nil {
-		text = errorText(err)
-	}
-	if o.c.results != nil {
-		// Under o.mu, so that a cancel that finds the operation finished (CN_NOT_PENDING) also
-		// finds its result already in the sink: a host may take it right after.
-		o.mu.Lock()
-		finished := o.state.CompareAndSwap(opPending, opFinished)
-		if finished {
-			o.c.emit(o.cb, o.closure, st, text, data)
-		}
-		o.mu.Unlock()
-		if finished {
-			o.unregister()
-		}
-		return finished
-	}
-	if !o.state.CompareAndSwap(opPending, opFinished) {
-		return false
-	}
-	o.unregister()
-	o.c.emit(o.cb, o.closure, st, text, data)
-	return true
-}
-
-// end finishes o with err (close).
-func (o *op) end(err error) bool { return o.finish(err, "", nil) }
-
-// emit hands one result to the client's result sink, or calls cb with it on this goroutine.
-func (c *client) emit(cb C.cn_callback, closure C.uintptr_t, st C.cn_status, text string, data []byte) {
-	if sink := c.results; sink != nil {
-		sink.add(outcome{closure: closure, status: st, text: text, data: data})
+// complete queues o's result. When nobody will take it (its queue was freed), what o did is
+// retracted instead: a received message goes back to its mailbox.
+func (o *op) complete(err error, text string, body []byte) {
+	defer close(o.settled)
+	o.mu.Lock()
+	o.state = opQueued
+	o.mu.Unlock()
+	if o.q.add(o.c, outcome{op: o, id: o.id, closure: o.closure, status: statusOf(err), text: resultText(err, text), body: body}) {
 		return
 	}
-	var ctext *C.char
-	if text != "" {
-		ctext = C.CString(text)
-		defer C.free(unsafe.Pointer(ctext))
-	}
-	var cdata *C.uint8_t
-	if len(data) > 0 {
-		// Go memory without pointers may be lent to C for the duration of the call.
-		cdata = (*C.uint8_t)(unsafe.Pointer(&data[0]))
-	}
-	C.bridge_invoke(cb, closure, st, ctext, cdata, C.size_t(len(data)))
+	o.unregister()
+	o.giveUp()
 }
 
-// withdraw cancels a pending operation: true when its callback will not run.
-func (o *op) withdraw() bool {
+// giveUp retracts o, whose result nobody will take, unless someone else already did. The call
+// that began o may still be returning: then register retracts.
+func (o *op) giveUp() {
 	o.mu.Lock()
-	withdrawn := o.state.CompareAndSwap(opPending, opWithdrawn)
-	pr := o.receive
+	if o.state != opQueued {
+		o.mu.Unlock()
+		return
+	}
+	o.state = opWithdrawn
+	lop := o.lop
+	o.retract = lop == nil
 	o.mu.Unlock()
-	if !withdrawn {
+	if lop != nil {
+		lop.Retract()
+	}
+}
+
+// receiver is the layer's callback for o's pending receive.
+func (o *op) receiver(m layer.Message, err error) { o.complete(err, "", m.Body) }
+
+// done is the layer's callback for o's pending send or group_add.
+func (o *op) done(err error) { o.complete(err, "", nil) }
+
+// named is the layer's callback for o's pending new_channel.
+func (o *op) named(name string, err error) { o.complete(err, name, nil) }
+
+// taken marks o's result as handed to the host; false when o was withdrawn (skip the result).
+// q.mu is held by the caller.
+func (o *op) taken() bool { return o.advance(opQueued, opTaken) }
+
+// kept ends the time in which the host could retract o's result. q.mu is held by the caller.
+func (o *op) kept() { o.advance(opTaken, opDone) }
+
+func (o *op) advance(from, to opState) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.state != from {
 		return false
 	}
-	o.unregister()
-	if pr != nil {
-		pr.Cancel() // false: the message is on its way to deliver(), which puts it back
-	}
+	o.state = to
 	return true
 }
 
-// deliver is the layer's callback for a waiting receive.
-func (o *op) deliver(l *layer.Layer) func(layer.Message, error) {
-	return func(m layer.Message, err error) {
-		if !o.finish(err, "", m.Body) && err == nil {
-			l.PutBack(m) // withdrawn while the message was handed over: nothing is lost (S14)
-		}
-	}
-}
-
-// waitFor attaches a receive that is now waiting in its mailbox, or withdraws it again when the
-// operation was cancelled meanwhile.
-func (o *op) waitFor(pr *layer.PendingReceive) {
+// withdraw cancels o: true when its result will not be taken, or when the host took it with the
+// queue's last take and gives it back. What a finished o did is then retracted (a received
+// message goes back to its mailbox, a membership is removed).
+func (o *op) withdraw() bool {
 	o.mu.Lock()
-	o.receive = pr
+	lop, first := o.lop, !o.claimed
+	o.claimed = true
 	o.mu.Unlock()
-	if o.state.Load() == opWithdrawn {
-		pr.Cancel()
+	if !first {
+		return false
 	}
-}
-
-// run runs f for o on a library goroutine that close waits for; f's context ends when o is
-// withdrawn or finished.
-func (o *op) run(f func(ctx context.Context)) {
-	ctx, cancel := context.WithCancel(context.Background())
+	if lop.Cancel() {
+		o.mu.Lock()
+		o.state = opWithdrawn
+		o.mu.Unlock()
+		o.unregister()
+		return true
+	}
+	<-o.settled // the layer won the race: its result is being queued
+	if o.sent {
+		return false // accepted, so sent: its result stays for the host to take
+	}
+	o.q.mu.Lock()
 	o.mu.Lock()
-	o.cancel = cancel
-	o.mu.Unlock()
-	if o.state.Load() != opPending {
-		cancel() // withdrawn meanwhile
+	retract := o.state == opQueued || o.state == opTaken
+	if retract {
+		o.state = opWithdrawn
 	}
-	o.c.running.Add(1)
-	go func() {
-		defer o.c.running.Done()
-		defer recoverInGoroutine(o.c)
-		f(ctx)
-	}()
+	o.mu.Unlock()
+	o.q.mu.Unlock()
+	o.unregister()
+	if retract {
+		lop.Retract()
+	}
+	return retract
 }
 
-// close ends the client: every pending operation ends with CN_CLOSED, and when it returns no
-// callback of the client runs any more.
+// close ends the client: pending operations end with CN_CLOSED results, and when it returns no
+// result or log record of the client comes any more.
 func (c *client) close() {
 	c.mu.Lock()
 	l, abandon := c.layer, c.connecting
@@ -285,21 +280,12 @@ func (c *client) close() {
 	if abandon != nil {
 		abandon()
 	}
-	if l != nil {
-		_ = l.Close() // waiting receives end with ErrClosed through their callbacks
-	}
-	c.mu.Lock()
-	left := make([]pendingOp, 0, len(c.ops))
-	for _, o := range c.ops {
-		left = append(left, o)
-	}
-	c.mu.Unlock()
-	for _, o := range left {
-		o.end(layer.ErrClosed)
-	}
 	c.running.Wait()
-	if c.results != nil {
-		c.results.detach() // a batcher delivers what is queued, then ends
+	c.mu.Lock()
+	l = c.layer
+	c.mu.Unlock()
+	if l != nil {
+		_ = l.Close() // pending operations report CN_CLOSED to their queues
 	}
 	c.silenced.Store(true)
 	clients.Delete(c.id)

@@ -17,10 +17,11 @@ import (
 )
 
 var (
-	errInvalidHandle = errors.New("not a client handle of this library")
+	errInvalidClient = handleError("not a client handle of this library (0, never issued, or not a client)")
+	errInvalidQueue  = handleError("not a result queue of this library (0, never made, or freed with cn_queue_free)")
+	errInvalidOp     = handleError("not an operation handle of this library (0, or never issued)")
 	errConnecting    = errors.New("the client is still connecting; wait for its connect callback")
 	errNotPending    = errors.New("the operation had already finished")
-	errSinkTooLate   = errors.New("a batch callback or a result queue is set once, before the first pending operation")
 )
 
 // argError is a bad argument (CN_INVALID_ARG).
@@ -28,12 +29,17 @@ type argError string
 
 func (e argError) Error() string { return string(e) }
 
+// handleError is a handle this library does not know (CN_INVALID_HANDLE).
+type handleError string
+
+func (e handleError) Error() string { return string(e) }
+
 // configError is a bad configuration document (CN_INVALID_CONFIG).
 type configError struct{ err error }
 
 func (e configError) Error() string { return e.err.Error() }
 
-// connectError is a connect that reached no server (CN_NO_SERVER).
+// connectError is a connect that failed (CN_NO_SERVER): no server reached, or one refused it.
 type connectError struct{ err error }
 
 func (e connectError) Error() string { return e.err.Error() }
@@ -50,6 +56,7 @@ func statusOf(err error) C.cn_status {
 		nameErr  *layer.NameError
 		frameErr *layer.FrameError
 		argErr   argError
+		handErr  handleError
 		cfgErr   configError
 		connErr  connectError
 		panicErr internalError
@@ -57,6 +64,8 @@ func statusOf(err error) C.cn_status {
 	switch {
 	case err == nil:
 		return C.CN_OK
+	case errors.As(err, &connErr): // first: it wraps whatever made the connect fail
+		return C.CN_NO_SERVER
 	case errors.As(err, &argErr):
 		return C.CN_INVALID_ARG
 	case errors.As(err, &cfgErr):
@@ -69,29 +78,32 @@ func statusOf(err error) C.cn_status {
 		return C.CN_MESSAGE_TOO_LARGE
 	case errors.Is(err, layer.ErrForeignChannel):
 		return C.CN_FOREIGN_CHANNEL
-	case errors.Is(err, errInvalidHandle):
+	case errors.As(err, &handErr):
 		return C.CN_INVALID_HANDLE
 	case errors.Is(err, layer.ErrClosed):
 		return C.CN_CLOSED
-	case errors.Is(err, context.Canceled):
-		return C.CN_CANCELLED
 	case errors.Is(err, errNotPending):
 		return C.CN_NOT_PENDING
-	case errors.Is(err, errConnecting), errors.Is(err, errSinkTooLate), errors.Is(err, errQueueAttached),
-		errors.Is(err, errNotSubscribed):
+	case errors.Is(err, errConnecting):
 		return C.CN_ILLEGAL_STATE
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, layer.ErrPublishTimeout):
 		return C.CN_TIMEOUT
-	case errors.As(err, &connErr):
-		return C.CN_NO_SERVER
 	case errors.As(err, &panicErr):
 		return C.CN_INTERNAL
 	}
 	return C.CN_ERR
 }
 
-// errorText is the text a failure shows in cn_last_error() and callbacks.
+// errorText is the text a failure shows in cn_last_error() and results.
 func errorText(err error) string { return err.Error() }
+
+// resultText is a result's text: the error detail on failure, else the operation's own text.
+func resultText(err error, text string) string {
+	if err != nil {
+		return errorText(err)
+	}
+	return text
+}
 
 // fail records err as this thread's last error and returns its status.
 func fail(err error) C.cn_status {

@@ -24,7 +24,7 @@ static int cn_forked(void) { return cn_child_of_fork; }
 #endif
 
 static CN_THREAD_LOCAL char cn_error_text[1024];
-static CN_THREAD_LOCAL int cn_callback_depth;
+static CN_THREAD_LOCAL int cn_in_log_callback;
 
 void bridge_set_last_error(const char *text) {
     size_t n = strlen(text);
@@ -35,47 +35,29 @@ void bridge_set_last_error(const char *text) {
     cn_error_text[n] = '\0';
 }
 
-void bridge_invoke(cn_callback callback, uintptr_t closure, cn_status status, const char *text,
-               const uint8_t *data, size_t len) {
-    cn_callback_depth++;
-    callback((void *)closure, status, text, data, len);
-    cn_callback_depth--;
-}
-
 void bridge_set_closure(cn_result *result, uintptr_t closure) { result->closure = (void *)closure; }
 
-void bridge_invoke_batch(cn_batch_callback callback, uintptr_t closure, const cn_result *results,
-                         size_t count) {
-    cn_callback_depth++;
-    callback((void *)closure, results, count);
-    cn_callback_depth--;
-}
-
 void bridge_invoke_log(cn_log_callback callback, uintptr_t closure, int level, const char *message) {
-    cn_callback_depth++;
+    cn_in_log_callback++;
     callback((void *)closure, level, message);
-    cn_callback_depth--;
+    cn_in_log_callback--;
 }
 
-/* Every entry point starts here: refuses forked children and resets the last error. */
-#define CN_ENTER()                                                                       \
-    do {                                                                                 \
-        if (cn_forked()) {                                                               \
-            bridge_set_last_error("this process was forked after channels_nats was loaded; " \
-                              "load it (create the layer) in the worker after the fork");\
-            return CN_FORKED;                                                            \
-        }                                                                                \
-        cn_error_text[0] = '\0';                                                         \
-    } while (0)
-
-/* A waiting call from inside a callback would block the thread that must deliver its result. */
-#define CN_NO_WAIT_IN_CALLBACK(callback)                                                 \
-    do {                                                                                 \
-        if ((callback) == NULL && cn_callback_depth > 0) {                               \
-            bridge_set_last_error("a waiting call (callback NULL) cannot be made from a "    \
-                              "callback of this library; pass a callback");              \
-            return CN_ILLEGAL_STATE;                                                     \
-        }                                                                                \
+/* Every entry point starts here: refuses forked children and calls from the log callback (the
+   library may hold the locks such a call needs), and resets the last error. */
+#define CN_ENTER()                                                                            \
+    do {                                                                                      \
+        if (cn_forked()) {                                                                    \
+            bridge_set_last_error("this process was forked after channels_nats was loaded; "  \
+                                  "load it (create the layer) in the worker after the fork"); \
+            return CN_FORKED;                                                                 \
+        }                                                                                     \
+        if (cn_in_log_callback > 0) {                                                         \
+            bridge_set_last_error("functions of this library cannot be called from its log "  \
+                                  "callback");                                                \
+            return CN_ILLEGAL_STATE;                                                          \
+        }                                                                                     \
+        cn_error_text[0] = '\0';                                                              \
     } while (0)
 
 #define CN_CLOSURE(p) ((uintptr_t)(p))
@@ -85,7 +67,7 @@ const char *cn_version(void) { return CN_VERSION_TEXT; }
 const char *cn_status_text(cn_status status) {
     switch (status) {
     case CN_OK: return "CN_OK: done";
-    case CN_PENDING: return "CN_PENDING: continues; the callback reports the result";
+    case CN_PENDING: return "CN_PENDING: continues; its result will be in the queue";
     case CN_ERR: return "CN_ERR: failed";
     case CN_INVALID_ARG: return "CN_INVALID_ARG: invalid argument";
     case CN_INVALID_CONFIG: return "CN_INVALID_CONFIG: invalid configuration";
@@ -95,7 +77,6 @@ const char *cn_status_text(cn_status status) {
     case CN_FOREIGN_CHANNEL: return "CN_FOREIGN_CHANNEL: process channel of another client";
     case CN_INVALID_HANDLE: return "CN_INVALID_HANDLE: not a handle of this library";
     case CN_CLOSED: return "CN_CLOSED: the client is closed";
-    case CN_CANCELLED: return "CN_CANCELLED: cancelled";
     case CN_NOT_PENDING: return "CN_NOT_PENDING: the operation had already finished";
     case CN_ILLEGAL_STATE: return "CN_ILLEGAL_STATE: not possible now";
     case CN_NO_SERVER: return "CN_NO_SERVER: no server could be reached";
@@ -113,76 +94,71 @@ void cn_free(void *ptr) {
     free(ptr);
 }
 
-cn_status cn_connect(const char *config_json, cn_log_callback log, void *log_closure,
-                     cn_callback callback, void *closure, cn_client *client) {
+cn_status cn_queue_new(intptr_t notify, cn_queue *queue) {
     CN_ENTER();
-    CN_NO_WAIT_IN_CALLBACK(callback);
-    return cngo_connect((char *)config_json, log, CN_CLOSURE(log_closure), callback,
+    return cngo_queue_new(notify, queue);
+}
+
+cn_status cn_queue_take(cn_queue queue, cn_result *results, size_t capacity, size_t *count) {
+    CN_ENTER();
+    return cngo_queue_take(queue, results, capacity, count);
+}
+
+cn_status cn_queue_free(cn_queue queue) {
+    CN_ENTER();
+    return cngo_queue_free(queue);
+}
+
+cn_status cn_connect(const char *config_json, cn_log_callback log, void *log_closure,
+                     cn_queue queue, void *closure, cn_client *client) {
+    CN_ENTER();
+    return cngo_connect((char *)config_json, log, CN_CLOSURE(log_closure), queue,
                         CN_CLOSURE(closure), client);
 }
 
-cn_status cn_close(cn_client client, cn_callback callback, void *closure) {
+cn_status cn_close(cn_client client, cn_queue queue, void *closure) {
     CN_ENTER();
-    CN_NO_WAIT_IN_CALLBACK(callback);
-    return cngo_close(client, callback, CN_CLOSURE(closure));
+    return cngo_close(client, queue, CN_CLOSURE(closure));
+}
+
+cn_status cn_stats(cn_client client, char **json) {
+    CN_ENTER();
+    return cngo_stats(client, json);
 }
 
 cn_status cn_send(cn_client client, const char *channel, const uint8_t *body, size_t len,
-                  cn_callback callback, void *closure, cn_op *op) {
+                  cn_queue queue, void *closure, cn_op *op) {
     CN_ENTER();
-    return cngo_send(client, (char *)channel, (uint8_t *)body, len, callback, CN_CLOSURE(closure), op);
+    return cngo_send(client, (char *)channel, (uint8_t *)body, len, queue, CN_CLOSURE(closure), op);
 }
 
 cn_status cn_group_send(cn_client client, const char *group, const uint8_t *body, size_t len,
-                        cn_callback callback, void *closure, cn_op *op) {
+                        cn_queue queue, void *closure, cn_op *op) {
     CN_ENTER();
-    return cngo_group_send(client, (char *)group, (uint8_t *)body, len, callback, CN_CLOSURE(closure), op);
+    return cngo_group_send(client, (char *)group, (uint8_t *)body, len, queue, CN_CLOSURE(closure), op);
 }
 
-cn_status cn_receive(cn_client client, const char *channel, cn_callback callback, void *closure,
-                     uint8_t **body, size_t *len, cn_op *op) {
+cn_status cn_receive(cn_client client, const char *channel, cn_queue queue, void *closure,
+                     const uint8_t **body, size_t *len, cn_op *op) {
     CN_ENTER();
-    CN_NO_WAIT_IN_CALLBACK(callback);
-    return cngo_receive(client, (char *)channel, callback, CN_CLOSURE(closure), body, len, op);
+    return cngo_receive(client, (char *)channel, queue, CN_CLOSURE(closure), (uint8_t **)body, len, op);
 }
 
-cn_status cn_put_back(cn_client client, const char *channel, const uint8_t *body, size_t len) {
+cn_status cn_cancel(cn_client client, cn_op op) {
     CN_ENTER();
-    return cngo_put_back(client, (char *)channel, (uint8_t *)body, len);
+    return cngo_cancel(client, op);
 }
 
-cn_status cn_receive_many(cn_client client, const char *channel, size_t max, uint8_t **block,
-                          size_t *len, size_t *count) {
-    CN_ENTER();
-    return cngo_receive_many(client, (char *)channel, max, block, len, count);
-}
-
-cn_status cn_put_back_many(cn_client client, const char *channel, const uint8_t *block, size_t len) {
-    CN_ENTER();
-    return cngo_put_back_many(client, (char *)channel, (uint8_t *)block, len);
-}
-
-cn_status cn_receive_stream(cn_client client, const char *channel, uint32_t credit,
-                            cn_callback callback, void *closure, cn_op *op) {
-    CN_ENTER();
-    return cngo_receive_stream(client, (char *)channel, credit, callback, CN_CLOSURE(closure), op);
-}
-
-cn_status cn_stream_stop(cn_client client, cn_op op, uint32_t *unused) {
-    CN_ENTER();
-    return cngo_stream_stop(client, op, unused);
-}
-
-cn_status cn_new_channel(cn_client client, const char *prefix, cn_callback callback, void *closure,
+cn_status cn_new_channel(cn_client client, const char *prefix, cn_queue queue, void *closure,
                          char **channel, cn_op *op) {
     CN_ENTER();
-    return cngo_new_channel(client, (char *)prefix, callback, CN_CLOSURE(closure), channel, op);
+    return cngo_new_channel(client, (char *)prefix, queue, CN_CLOSURE(closure), channel, op);
 }
 
-cn_status cn_group_add(cn_client client, const char *group, const char *channel,
-                       cn_callback callback, void *closure, cn_op *op) {
+cn_status cn_group_add(cn_client client, const char *group, const char *channel, cn_queue queue,
+                       void *closure, cn_op *op) {
     CN_ENTER();
-    return cngo_group_add(client, (char *)group, (char *)channel, callback, CN_CLOSURE(closure), op);
+    return cngo_group_add(client, (char *)group, (char *)channel, queue, CN_CLOSURE(closure), op);
 }
 
 cn_status cn_group_discard(cn_client client, const char *group, const char *channel) {
@@ -193,40 +169,4 @@ cn_status cn_group_discard(cn_client client, const char *group, const char *chan
 cn_status cn_flush(cn_client client) {
     CN_ENTER();
     return cngo_flush(client);
-}
-
-cn_status cn_cancel(cn_client client, cn_op op) {
-    CN_ENTER();
-    return cngo_cancel(client, op);
-}
-
-cn_status cn_set_batch_callback(cn_client client, cn_batch_callback callback, void *closure) {
-    CN_ENTER();
-    return cngo_set_batch_callback(client, callback, CN_CLOSURE(closure));
-}
-
-cn_status cn_queue_new(intptr_t notify, cn_queue *queue) {
-    CN_ENTER();
-    return cngo_queue_new(notify, queue);
-}
-
-cn_status cn_set_result_queue(cn_client client, cn_queue queue) {
-    CN_ENTER();
-    return cngo_set_result_queue(client, queue);
-}
-
-cn_status cn_queue_take(cn_queue queue, cn_result *results, size_t capacity, size_t *count,
-                        void **memory) {
-    CN_ENTER();
-    return cngo_queue_take(queue, results, capacity, count, memory);
-}
-
-cn_status cn_queue_free(cn_queue queue) {
-    CN_ENTER();
-    return cngo_queue_free(queue);
-}
-
-cn_status cn_stats(cn_client client, char **json) {
-    CN_ENTER();
-    return cngo_stats(client, json);
 }

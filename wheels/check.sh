@@ -7,9 +7,9 @@
 #    macOS the minimum OS and the CPU of the dylib must be the tag's.
 # 2. x86_64: the wheel installs into a fresh venv on a PATH without Go, and two processes of it
 #    group_send through nats-server (wheels/install-run.sh --no-go).
-# 3. aarch64: the C example and wheels/queue_check.c (the result queue signalled on a socket, as
-#    the Python package uses it), built with the aarch64 cross gcc against the wheel's library,
-#    run under qemu-aarch64 against nats-server.
+# 3. aarch64: the C example and wheels/queue_check.c (the result queue signalled on a socket pair,
+#    as every host uses it), built with the aarch64 cross gcc against the wheel's library, run
+#    under qemu-aarch64 against nats-server.
 # 4. Windows: the same two programs, built with mingw-w64 against the wheel's DLL, run under Wine
 #    against nats-server, with a bcryptprimitives.dll stub built here (wheels/bcryptprimitives.c).
 # 5. The sdist: with Go, pip builds a wheel of this machine from it that check_wheel.py accepts;
@@ -45,8 +45,10 @@ run_c() {
 	grep -qxF "$want" <<<"$output" || fail "$(basename "$1") under $name did not print '$want'"
 }
 
-# The two C programs: the example (a pending receive through a callback) and the result queue as
-# an event loop drives it (wheels/queue_check.c: the socket signal, take, receive_many).
+# The two C programs: the example (connect, group_send and a pending receive through a result
+# queue) and the result queue as an event loop drives it (wheels/queue_check.c: the socket-pair
+# signal, take, then a taken result given back with cancel, a group message's three results in one
+# take, and the close's statistics).
 run_programs() { # NAME DIR COMMAND-PREFIX...
 	local name=$1 dir=$2
 	shift 2

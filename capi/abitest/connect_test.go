@@ -19,12 +19,8 @@ func TestVersion(t *testing.T) {
 
 func TestStatusText(t *testing.T) {
 	seen := map[string]int32{}
-	for st := int32(0); st <= cnInternal; st++ {
+	for st := range statusNames {
 		text := cnStatusText(st)
-		if text == "" {
-			t.Errorf("cn_status_text(%d) is empty", st)
-			continue
-		}
 		if !strings.HasPrefix(text, name(st)) {
 			t.Errorf("cn_status_text(%d) = %q, want it to name %s", st, text, name(st))
 		}
@@ -33,13 +29,11 @@ func TestStatusText(t *testing.T) {
 		}
 		seen[text] = st
 	}
-	for _, st := range []int32{cnInternal + 1, 99, -1, 1 << 30} {
+	// 11 is not used any more (it was CN_CANCELLED): it is as unknown as any other number.
+	for _, st := range []int32{11, cnInternal + 1, 99, -1, 1 << 30} {
 		text := cnStatusText(st)
-		if _, known := seen[text]; known || text == "" {
-			t.Errorf("cn_status_text(%d) = %q, want a text of its own for an unknown code", st, text)
-		}
-		if !strings.Contains(strings.ToLower(text), "unknown") {
-			t.Errorf("cn_status_text(%d) = %q, want it to say the code is unknown", st, text)
+		if _, known := seen[text]; known || !strings.Contains(strings.ToLower(text), "unknown") {
+			t.Errorf("cn_status_text(%d) = %q, want a text of its own saying the code is unknown", st, text)
 		}
 	}
 }
@@ -47,24 +41,15 @@ func TestStatusText(t *testing.T) {
 func TestLastError(t *testing.T) {
 	ts := startServer(t)
 	c := connect(t, ts.url, nil)
-	var out uintptr
-	st, msg := onThread(func() int32 { return cnStats(c.h, &out) })
-	cnFree(out)
-	if st != cnOK || msg != "" {
-		t.Errorf("after a success: %s, cn_last_error() = %q, want \"\"", name(st), msg)
-	}
-	st, msg = onThread(func() int32 { return cnCancel(0, 1) })
-	if st != cnInvalidHandle || msg == "" {
-		t.Errorf("after cn_cancel(0, 1): %s, cn_last_error() = %q, want CN_INVALID_HANDLE and a detail", name(st), msg)
-	}
-	// The same thread, failure then success: the success clears it.
+	// The same thread, failure then success: the failure sets it, the success clears it.
 	onThread(func() int32 {
 		if st := cnCancel(0, 1); st != cnInvalidHandle {
-			t.Errorf("cn_cancel(0, 1) = %s", name(st))
+			t.Errorf("cn_cancel(0, 1) = %s, want CN_INVALID_HANDLE", name(st))
 		}
 		if cnLastError() == "" {
 			t.Error("cn_last_error() empty after a failure")
 		}
+		var out uintptr
 		st := cnStats(c.h, &out)
 		cnFree(out)
 		if st != cnOK {
@@ -73,264 +58,269 @@ func TestLastError(t *testing.T) {
 		if e := cnLastError(); e != "" {
 			t.Errorf("cn_last_error() = %q after a success that followed a failure", e)
 		}
+		// CN_PENDING is no failure either.
+		if st := cnClose(c.h, c.own.h, 0); st != cnPending {
+			t.Errorf("cn_close = %s, want CN_PENDING", name(st))
+		}
+		if e := cnLastError(); e != "" {
+			t.Errorf("cn_last_error() = %q after CN_PENDING", e)
+		}
 		return 0
 	})
+	if r := c.own.one(); r.Op != c.h || r.Status != cnOK {
+		t.Errorf("close result %v", r)
+	}
 }
 
-func TestConnectWaiting(t *testing.T) {
+// Every client gets a new handle, from the counter that makes queue and op handles too: none is
+// reused, also after a close.
+func TestConnectHandles(t *testing.T) {
 	ts := startServer(t)
+	seen := map[uint64]string{}
+	fresh := func(h uint64, what string) {
+		t.Helper()
+		if prev, dup := seen[h]; dup || h == 0 {
+			t.Errorf("%s got handle %d, already the handle of %s", what, h, prev)
+		}
+		seen[h] = what
+	}
+	a := connect(t, ts.url, nil)
+	fresh(a.h, "client a")
+	fresh(a.own.h, "queue of a")
+	fresh(a.receivePending(a.newChannel(""), nil), "an op of a")
+	b := connect(t, ts.url, nil)
+	fresh(b.h, "client b")
+	fresh(b.own.h, "queue of b")
+	closeClient(t, b)
 	c := connect(t, ts.url, nil)
-	if st := cnFlush(c.h); st != cnOK {
-		t.Errorf("cn_flush on a new client: %s", name(st))
-	}
-	// Handles are never reused: a second client gets a new one, also after a close.
-	d := connect(t, ts.url, nil)
-	if st := cnClose(d.h, 0, 0); st != cnOK {
-		t.Fatalf("cn_close: %s", name(st))
-	}
-	e := connect(t, ts.url, nil)
-	if c.h == d.h || d.h == e.h || c.h == e.h {
-		t.Errorf("handles reused: %d %d %d", c.h, d.h, e.h)
-	}
-	// NULL and "" mean all defaults (nats://127.0.0.1:4222, which need not run): never an
-	// argument or configuration error.
-	for _, doc := range []*byte{nil, cs("")} {
-		var h uint64
-		st := cnConnect(doc, 0, 0, 0, 0, &h)
-		switch st {
-		case cnOK:
-			cnClose(h, 0, 0)
-		case cnNoServer, cnTimeout:
-		default:
-			t.Errorf("cn_connect with default configuration: %s", name(st))
-		}
-	}
+	fresh(c.h, "client c, after b was closed")
 }
 
-func TestConnectPending(t *testing.T) {
-	ts := startServer(t)
-	w := newWaiter(2, nil)
-	log := newLogSink()
-	var h uint64
-	doc := config(t, []string{ts.url}, nil)
-	st := cnConnect(cs(doc), logCB, log.closure, completeCB, w.closure, &h)
-	if st != cnPending && st != cnOK {
-		t.Fatalf("cn_connect (pending form): %s", name(st))
-	}
-	if h == 0 {
-		t.Fatal("cn_connect did not store the handle at once")
-	}
-	t.Cleanup(func() { cnClose(h, 0, 0) })
-	if st == cnPending {
-		r := w.wait(t)
-		if r.Status != cnOK {
-			t.Fatalf("connect callback: %s (%s)", name(r.Status), r.Text)
+// NULL and "" mean all defaults (nats://127.0.0.1:4222, which need not run): the connect is
+// accepted, never an argument or configuration error. Closing it abandons it.
+func TestConnectDefaults(t *testing.T) {
+	for _, doc := range []*byte{nil, cs("")} {
+		q := newQueue(t)
+		var h uint64
+		st, msg := onThread(func() int32 { return cnConnect(doc, 0, 0, q.h, 0, &h) })
+		if st != cnPending || h == 0 {
+			t.Fatalf("cn_connect with the default configuration: %s (%q) handle %d, want CN_PENDING", name(st), msg, h)
 		}
-		if r.HasData || r.Len != 0 {
-			t.Errorf("connect callback got data")
+		results := 2 // the connect's and the close's
+		switch st := cnClose(h, q.h, 0); st {
+		case cnPending:
+		case cnClosed: // the connect failed already: its result is the only one
+			results = 1
+		default:
+			t.Fatalf("cn_close: %s", name(st))
+		}
+		for _, r := range q.wait(results) {
+			if r.Op != h {
+				t.Errorf("result %v of another op than the client %d", r, h)
+			}
 		}
 	}
-	var out uintptr
-	if st := cnStats(h, &out); st != cnOK {
-		t.Errorf("cn_stats after the connect callback: %s", name(st))
-	}
-	cnFree(out)
-	w.none(t, 50*time.Millisecond)
 }
 
 func TestConnectInvalidConfig(t *testing.T) {
 	ts := startServer(t)
-	for _, doc := range []string{`{`, `[1,2]`, `{"servers": 3}`, `{"capacity": "many"}`} {
-		w := newWaiter(1, nil)
-		var h uint64
-		st, msg := onThread(func() int32 { return cnConnect(cs(doc), 0, 0, completeCB, w.closure, &h) })
-		if st != cnInvalidConfig || msg == "" {
-			t.Errorf("cn_connect(%s): %s (%q), want CN_INVALID_CONFIG with a detail", doc, name(st), msg)
+	q := newQueue(t)
+	refused := func(doc *byte, want int32, what string) string {
+		t.Helper()
+		h := ^uint64(0)
+		st, msg := onThread(func() int32 { return cnConnect(doc, logCB, 0, q.h, 0, &h) })
+		if st != want || msg == "" || h != 0 {
+			t.Errorf("cn_connect(%s): %s (%q) handle %d, want %s with a detail and handle 0", what, name(st), msg, h, name(want))
 		}
-		w.none(t, 0)
-		if st == cnOK || st == cnPending {
-			cnClose(h, 0, 0)
-		}
+		return msg
 	}
-	doc := config(t, []string{ts.url}, map[string]any{"bogus_key": 1})
-	st, msg := onThread(func() int32 {
-		var h uint64
-		return cnConnect(cs(doc), 0, 0, 0, 0, &h)
-	})
-	if st != cnInvalidConfig {
-		t.Fatalf("unknown key: %s, want CN_INVALID_CONFIG", name(st))
+	for _, doc := range []string{`{`, `[1,2]`, `{"servers": 3}`, `{"capacity": "many"}`, `{"connect_deadline": "soon"}`} {
+		refused(cs(doc), cnInvalidConfig, doc)
 	}
-	for _, want := range []string{"bogus_key", "servers", "prefix", "capacity", "expiry", "connect_options"} {
+	msg := refused(cs(config(t, []string{ts.url}, map[string]any{"bogus_key": 1})), cnInvalidConfig, "an unknown key")
+	for _, want := range []string{"bogus_key", "servers", "prefix", "capacity", "expiry", "connect_deadline", "publish_deadline", "connect_options"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("unknown key: cn_last_error() = %q, want it to name %q (the key and the known keys)", msg, want)
 		}
 	}
-	// Unknown keys in connect_options too.
-	doc = config(t, []string{ts.url}, map[string]any{"connect_options": map[string]any{"nosuch": true}})
-	st, msg = onThread(func() int32 {
-		var h uint64
-		return cnConnect(cs(doc), 0, 0, 0, 0, &h)
-	})
-	if st != cnInvalidConfig || !strings.Contains(msg, "nosuch") {
-		t.Errorf("unknown connect option: %s (%q), want CN_INVALID_CONFIG naming it", name(st), msg)
+	msg = refused(cs(config(t, []string{ts.url}, map[string]any{"connect_options": map[string]any{"nosuch": true}})),
+		cnInvalidConfig, "an unknown connect option")
+	if !strings.Contains(msg, "nosuch") {
+		t.Errorf("unknown connect option: cn_last_error() = %q, want it to name it", msg)
 	}
 	// Invalid UTF-8 in the document is an argument error.
-	st, _ = onThread(func() int32 {
-		var h uint64
-		return cnConnect(cs("{\"prefix\": \"\xff\"}"), 0, 0, 0, 0, &h)
-	})
-	if st != cnInvalidArg {
-		t.Errorf("config with invalid UTF-8: %s, want CN_INVALID_ARG", name(st))
+	refused(cs("{\"prefix\": \"\xff\"}"), cnInvalidArg, "invalid UTF-8")
+	// Nothing was started: no result, no connection.
+	q.quiet(50 * time.Millisecond)
+	if n := ts.srv.NumClients(); n != 0 {
+		t.Errorf("refused connects left %d connection(s)", n)
 	}
 }
 
-func TestConnectNoServer(t *testing.T) {
-	// Credentials in the URL never appear in error texts.
-	url := strings.Replace(deadURL(t), "nats://", "nats://alice:s3cret@", 1)
-	doc := config(t, []string{url}, map[string]any{"connect_options": map[string]any{"connect_timeout": 0.5}})
-	var h uint64
-	st, msg := onThread(func() int32 { return cnConnect(cs(doc), 0, 0, 0, 0, &h) })
-	if st != cnNoServer || msg == "" {
-		t.Errorf("waiting connect to a dead port: %s (%q), want CN_NO_SERVER with a detail", name(st), msg)
-	}
-	if strings.Contains(msg, "s3cret") {
-		t.Errorf("cn_last_error() shows the password: %q", msg)
-	}
-	if h != 0 {
-		if st := cnStats(h, new(uintptr)); st != cnClosed {
-			t.Errorf("handle of a failed waiting connect: cn_stats = %s, want CN_CLOSED", name(st))
-		}
-	}
-
-	w := newWaiter(2, nil)
-	h = 0
-	st = cnConnect(cs(doc), 0, 0, completeCB, w.closure, &h)
-	if st != cnPending {
-		t.Fatalf("pending connect to a dead port: %s, want CN_PENDING", name(st))
-	}
-	if h == 0 {
-		t.Fatal("pending connect did not store the handle at once")
-	}
-	r := w.wait(t)
-	if r.Status != cnNoServer || !r.HasText || r.Text == "" {
-		t.Errorf("connect callback: %s (%q), want CN_NO_SERVER with a detail", name(r.Status), r.Text)
-	}
-	if strings.Contains(r.Text, "s3cret") {
-		t.Errorf("the connect callback's text shows the password: %q", r.Text)
-	}
-	// The handle was released: later calls are CN_CLOSED.
-	var out, n uintptr
-	var op uint64
-	body := numbered(t, 1)
-	b, bn := bp(body)
-	checks := map[string]int32{
-		"cn_stats":       cnStats(h, &out),
-		"cn_flush":       cnFlush(h),
-		"cn_send":        cnSend(h, cs("chan"), b, bn, 0, 0, nil),
-		"cn_receive":     cnReceive(h, cs("chan"), completeCB, w.closure, &out, &n, &op),
-		"cn_new_channel": cnNewChannel(h, nil, completeCB, w.closure, &out, &op),
-		"cn_cancel":      cnCancel(h, 1),
-		"cn_close":       cnClose(h, 0, 0),
-	}
-	for fn, st := range checks {
-		if st != cnClosed {
-			t.Errorf("%s on the handle of a failed connect: %s, want CN_CLOSED", fn, name(st))
-		}
-	}
-	w.none(t, 50*time.Millisecond)
-}
-
-func TestConnectNullClient(t *testing.T) {
+// client NULL, and a queue that is not one: refused at once, nothing is connected.
+func TestConnectArguments(t *testing.T) {
 	ts := startServer(t)
 	doc := config(t, []string{ts.url}, nil)
-	w := newWaiter(1, nil)
-	for _, cb := range []uintptr{0, completeCB} {
-		st, msg := onThread(func() int32 { return cnConnect(cs(doc), 0, 0, cb, w.closure, nil) })
-		if st != cnInvalidArg || msg == "" {
-			t.Errorf("cn_connect(client NULL, callback %v): %s (%q), want CN_INVALID_ARG", cb != 0, name(st), msg)
+	q := newQueue(t)
+	freed := newQueue(t)
+	if st := cnQueueFree(freed.h); st != cnOK {
+		t.Fatalf("cn_queue_free: %s", name(st))
+	}
+	other := connect(t, ts.url, nil)
+	if st, msg := onThread(func() int32 { return cnConnect(cs(doc), 0, 0, q.h, 0, nil) }); st != cnInvalidArg || msg == "" {
+		t.Errorf("cn_connect(client NULL): %s (%q), want CN_INVALID_ARG with a detail", name(st), msg)
+	}
+	for _, bad := range []struct {
+		what  string
+		queue uint64
+	}{{"queue 0", 0}, {"a queue never issued", 1 << 60}, {"a freed queue", freed.h}, {"a client handle as the queue", other.h}} {
+		h := ^uint64(0)
+		st, msg := onThread(func() int32 { return cnConnect(cs(doc), 0, 0, bad.queue, 0, &h) })
+		if st != cnInvalidHandle || msg == "" || h != 0 {
+			t.Errorf("cn_connect(%s): %s (%q) handle %d, want CN_INVALID_HANDLE with a detail and handle 0", bad.what, name(st), msg, h)
 		}
 	}
-	w.none(t, 100*time.Millisecond)
-	if n := ts.srv.NumClients(); n != 0 {
-		t.Errorf("a refused connect left %d connection(s)", n)
+	q.quiet(100 * time.Millisecond)
+	if n := ts.srv.NumClients(); n != 1 {
+		t.Errorf("the server has %d connections, want 1 (only the other client): a refused connect connected", n)
 	}
 }
 
-// A client whose connect is still in progress refuses calls with CN_ILLEGAL_STATE; closing it
-// abandons the connect, whose callback reports CN_CLOSED before the close callback runs.
-func TestConnectStillConnecting(t *testing.T) {
-	url := silentServer(t)
-	doc := config(t, []string{url}, map[string]any{"connect_options": map[string]any{"connect_timeout": 2}})
-	connected := newWaiter(2, nil)
-	var h uint64
-	if st := cnConnect(cs(doc), 0, 0, completeCB, connected.closure, &h); st != cnPending {
-		t.Fatalf("cn_connect to a silent server: %s, want CN_PENDING", name(st))
+// Nothing listens: the connect's result is CN_NO_SERVER within connect_deadline, and its text
+// names the server and connect_deadline (without the credentials of the URL). A server that
+// accepts but never answers is the same. The handle is closed afterwards.
+func TestConnectNoServer(t *testing.T) {
+	for _, tc := range []struct{ what, url string }{{"nothing listens", deadURL(t)}, {"a silent server", silentServer(t)}} {
+		t.Run(strings.ReplaceAll(tc.what, " ", "_"), func(t *testing.T) {
+			url := strings.Replace(tc.url, "nats://", "nats://alice:s3cret@", 1)
+			hostPort := strings.TrimPrefix(tc.url, "nats://")
+			doc := config(t, []string{url}, map[string]any{"connect_deadline": 0.5})
+			q := newQueue(t)
+			closure := newClosure()
+			start := time.Now()
+			h := startConnect(t, doc, nil, q, closure)
+			r := q.one()
+			took := time.Since(start)
+			if r.Op != h || r.Closure != closure || r.Status != cnNoServer || r.HasData {
+				t.Fatalf("connect result %v, want op %d closure %d CN_NO_SERVER", r, h, closure)
+			}
+			for _, want := range []string{hostPort, "connect_deadline"} {
+				if !strings.Contains(r.Text, want) {
+					t.Errorf("connect result text %q does not name %q", r.Text, want)
+				}
+			}
+			if strings.Contains(r.Text, "s3cret") {
+				t.Errorf("connect result text shows the password: %q", r.Text)
+			}
+			if took > 2*time.Second {
+				t.Errorf("the connect's result came after %s with connect_deadline 0.5", took)
+			}
+			checkAll(t, "the handle of a failed connect", h, cnClosed)
+			q.quiet(50 * time.Millisecond)
+		})
 	}
-	t.Cleanup(func() { cnClose(h, 0, 0) })
-	other := newWaiter(16, nil)
+}
+
+// Twenty fresh clients in a row, each to a dead port: every connect's result is CN_NO_SERVER
+// with its cause, and the very first call after it says CN_CLOSED, every time.
+func TestConnectFailedRepeatedly(t *testing.T) {
+	doc := config(t, []string{deadURL(t)}, map[string]any{"connect_deadline": 0.2})
+	q := newQueue(t)
+	for i := range 20 {
+		h := startConnect(t, doc, nil, q, 0)
+		r := q.one()
+		if r.Op != h || r.Status != cnNoServer || !strings.Contains(r.Text, "connect_deadline") {
+			t.Fatalf("client %d: connect result %v, want op %d CN_NO_SERVER explaining the cause", i, r, h)
+		}
+		var out uintptr
+		if st, msg := onThread(func() int32 { return cnStats(h, &out) }); st != cnClosed || msg == "" {
+			t.Fatalf("client %d: first call after the failed connect: cn_stats = %s (%q), want CN_CLOSED with a detail", i, name(st), msg)
+		}
+		if st := cnClose(h, q.h, 0); st != cnClosed {
+			t.Fatalf("client %d: cn_close after the failed connect: %s, want CN_CLOSED", i, name(st))
+		}
+	}
+	q.quiet(20 * time.Millisecond)
+}
+
+// While the connect is in progress the client refuses calls with CN_ILLEGAL_STATE. Closing it
+// abandons the connect: the connect's result is CN_CLOSED, before the close's result.
+func TestConnectStillConnecting(t *testing.T) {
+	doc := config(t, []string{silentServer(t)}, map[string]any{"connect_deadline": 20})
+	q := newQueue(t)
+	h := startConnect(t, doc, nil, q, 0)
 	var out, n uintptr
 	var op uint64
 	body := numbered(t, 1)
 	b, bn := bp(body)
-	calls := []struct {
+	for _, c := range []struct {
 		fn   string
 		call func() int32
 	}{
 		{"cn_stats", func() int32 { return cnStats(h, &out) }},
 		{"cn_flush", func() int32 { return cnFlush(h) }},
-		{"cn_send", func() int32 { return cnSend(h, cs("chan"), b, bn, completeCB, other.closure, &op) }},
-		{"cn_group_send", func() int32 { return cnGroupSend(h, cs("grp"), b, bn, completeCB, other.closure, &op) }},
-		{"cn_receive", func() int32 { return cnReceive(h, cs("chan"), completeCB, other.closure, &out, &n, &op) }},
-		{"cn_new_channel", func() int32 { return cnNewChannel(h, nil, completeCB, other.closure, &out, &op) }},
-		{"cn_group_add", func() int32 { return cnGroupAdd(h, cs("grp"), cs("chan"), completeCB, other.closure, &op) }},
+		{"cn_send", func() int32 { return cnSend(h, cs("chan"), b, bn, q.h, 0, &op) }},
+		{"cn_group_send", func() int32 { return cnGroupSend(h, cs("grp"), b, bn, q.h, 0, &op) }},
+		{"cn_receive", func() int32 { return cnReceive(h, cs("chan"), q.h, 0, &out, &n, &op) }},
+		{"cn_new_channel", func() int32 { return cnNewChannel(h, nil, q.h, 0, &out, &op) }},
+		{"cn_group_add", func() int32 { return cnGroupAdd(h, cs("grp"), cs("chan"), q.h, 0, &op) }},
 		{"cn_group_discard", func() int32 { return cnGroupDiscard(h, cs("grp"), cs("chan")) }},
-		{"cn_put_back", func() int32 { return cnPutBack(h, cs("chan"), b, bn) }},
-	}
-	for _, c := range calls {
-		st, msg := onThread(c.call)
-		if st != cnIllegalState {
-			t.Errorf("%s while connecting: %s (%q), want CN_ILLEGAL_STATE", c.fn, name(st), msg)
+	} {
+		if st, msg := onThread(c.call); st != cnIllegalState || msg == "" {
+			t.Errorf("%s while connecting: %s (%q), want CN_ILLEGAL_STATE with a detail", c.fn, name(st), msg)
 		}
 	}
-	if r := connected.ch; len(r) != 0 {
-		t.Fatal("the connect finished early; the silent server did not hold it")
+	q.quiet(50 * time.Millisecond) // the silent server holds the connect
+	closure := newClosure()
+	if st := cnClose(h, q.h, closure); st != cnPending {
+		t.Fatalf("cn_close while connecting: %s, want CN_PENDING", name(st))
 	}
-	closed := newWaiter(1, nil)
-	st := cnClose(h, completeCB, closed.closure)
-	if st == cnPending {
-		rc := closed.wait(t)
-		if rc.Status != cnOK {
-			t.Errorf("close callback: %s", name(rc.Status))
-		}
-		select {
-		case r := <-connected.ch:
-			if r.Status != cnClosed {
-				t.Errorf("abandoned connect: callback %s, want CN_CLOSED", name(r.Status))
-			}
-			if r.Seq > rc.Seq {
-				t.Error("the connect callback ran after the close callback")
-			}
-		default:
-			t.Error("the close callback ran, the connect callback did not (it must run exactly once, before)")
-		}
-	} else if st != cnOK {
-		t.Fatalf("cn_close while connecting: %s", name(st))
+	got := q.wait(2)
+	if len(got) != 2 || got[0].Op != h || got[0].Status != cnClosed || got[1].Op != h || got[1].Closure != closure || got[1].Status != cnOK {
+		t.Fatalf("results %v, want the connect's CN_CLOSED, then the close's CN_OK", got)
 	}
-	other.none(t, 0)
-	connected.none(t, 100*time.Millisecond)
-	if got := connected.calls.Load(); got != 1 {
-		t.Errorf("connect callback ran %d times, want 1", got)
-	}
+	q.quiet(50 * time.Millisecond)
+	checkAll(t, "a client closed while connecting", h, cnClosed)
+}
 
-	// The waiting form against a silent server gives up after connect_timeout.
-	doc = config(t, []string{url}, map[string]any{"connect_options": map[string]any{"connect_timeout": 0.3}})
-	var h2 uint64
-	start := time.Now()
-	st = cnConnect(cs(doc), 0, 0, 0, 0, &h2)
-	if st != cnTimeout && st != cnNoServer {
-		t.Errorf("waiting connect to a silent server: %s, want CN_TIMEOUT or CN_NO_SERVER", name(st))
+// The header promises the final statistics as the close's text; a client closed while it
+// connected has statistics too (nothing published, not connected).
+func TestCloseWhileConnectingReportsStats(t *testing.T) {
+	doc := config(t, []string{silentServer(t)}, map[string]any{"connect_deadline": 20})
+	q := newQueue(t)
+	h := startConnect(t, doc, nil, q, 0)
+	if st := cnClose(h, q.h, 0); st != cnPending {
+		t.Fatalf("cn_close while connecting: %s, want CN_PENDING", name(st))
 	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("waiting connect took %s with connect_timeout 0.3", d)
+	got := q.wait(2)
+	if len(got) != 2 || got[1].Status != cnOK {
+		t.Fatalf("results %v, want the connect's CN_CLOSED, then the close's CN_OK", got)
+	}
+	if !got[1].HasText {
+		t.Fatalf("close result of a client closed while connecting: text NULL, want the final statistics as JSON")
+	}
+	if s := parseStats(t, got[1].Text); s["connected"] != false || stat(s, "published") != 0 {
+		t.Errorf("final statistics of a client that never connected: %v", s)
+	}
+}
+
+// cn_queue_free of the queue a connect reports to closes the client still connecting: its
+// handle says CN_CLOSED at once, and nothing is written to the notify pipe any more.
+func TestConnectQueueFreed(t *testing.T) {
+	doc := config(t, []string{silentServer(t)}, map[string]any{"connect_deadline": 20})
+	q := newQueue(t)
+	h := startConnect(t, doc, nil, q, 0)
+	if st, msg := onThread(func() int32 { return cnQueueFree(q.h) }); st != cnOK {
+		t.Fatalf("cn_queue_free with a connect in progress: %s (%q)", name(st), msg)
+	}
+	var out uintptr
+	if st := cnStats(h, &out); st != cnClosed {
+		t.Errorf("cn_stats after the connect's queue was freed: %s, want CN_CLOSED", name(st))
+	}
+	if st := cnClose(h, newQueue(t).h, 0); st != cnClosed {
+		t.Errorf("cn_close after the connect's queue was freed: %s, want CN_CLOSED", name(st))
+	}
+	if readable(q.rfd, 100*time.Millisecond) {
+		t.Errorf("notify byte on a freed queue")
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -29,7 +28,6 @@ const (
 	cnForeign        int32 = 8
 	cnInvalidHandle  int32 = 9
 	cnClosed         int32 = 10
-	cnCancelled      int32 = 11
 	cnNotPending     int32 = 12
 	cnIllegalState   int32 = 13
 	cnNoServer       int32 = 14
@@ -40,57 +38,64 @@ const (
 	cnLogWarning int32 = 30
 )
 
-var statusNames = []string{
-	"CN_OK", "CN_PENDING", "CN_ERR", "CN_INVALID_ARG", "CN_INVALID_CONFIG", "CN_INVALID_NAME",
-	"CN_INVALID_MESSAGE", "CN_MESSAGE_TOO_LARGE", "CN_FOREIGN_CHANNEL", "CN_INVALID_HANDLE",
-	"CN_CLOSED", "CN_CANCELLED", "CN_NOT_PENDING", "CN_ILLEGAL_STATE", "CN_NO_SERVER",
-	"CN_TIMEOUT", "CN_FORKED", "CN_INTERNAL",
+// statusNames are the enum names by code; 11 is not used.
+var statusNames = map[int32]string{
+	cnOK: "CN_OK", cnPending: "CN_PENDING", cnErr: "CN_ERR", cnInvalidArg: "CN_INVALID_ARG",
+	cnInvalidConfig: "CN_INVALID_CONFIG", cnInvalidName: "CN_INVALID_NAME",
+	cnInvalidMessage: "CN_INVALID_MESSAGE", cnTooLarge: "CN_MESSAGE_TOO_LARGE",
+	cnForeign: "CN_FOREIGN_CHANNEL", cnInvalidHandle: "CN_INVALID_HANDLE", cnClosed: "CN_CLOSED",
+	cnNotPending: "CN_NOT_PENDING", cnIllegalState: "CN_ILLEGAL_STATE", cnNoServer: "CN_NO_SERVER",
+	cnTimeout: "CN_TIMEOUT", cnForked: "CN_FORKED", cnInternal: "CN_INTERNAL",
 }
 
 // name is the enum name of a status code, for failure messages.
 func name(st int32) string {
-	if st >= 0 && int(st) < len(statusNames) {
-		return statusNames[st]
+	if n, ok := statusNames[st]; ok {
+		return n
 	}
 	return fmt.Sprintf("status(%d)", st)
 }
 
 // The cn_* functions, bound in TestMain. Pointers the library writes through are *uint64
-// (cn_client*, cn_op*, cn_queue*), *uintptr (char**, uint8_t**, void**, size_t*) and *cResult
-// (cn_result*); intptr_t is int (64-bit Linux); strings are NUL-terminated
-// byte slices (*byte, nil for NULL) so that NULL and invalid UTF-8 can be passed.
+// (cn_client*, cn_op*, cn_queue*), *uintptr (char**, const uint8_t**, size_t*) and *cResult
+// (cn_result*); intptr_t is int (64-bit Linux); void* closures are uintptr (the library never
+// dereferences them); strings are NUL-terminated byte slices (*byte, nil for NULL) so that NULL
+// and invalid UTF-8 can be passed.
 var (
 	cnVersion      func() string
 	cnStatusText   func(st int32) string
 	cnLastError    func() string
 	cnFree         func(p uintptr)
-	cnConnect      func(config *byte, log, logClosure, cb, closure uintptr, client *uint64) int32
-	cnClose        func(h uint64, cb, closure uintptr) int32
-	cnSend         func(h uint64, channel *byte, body *byte, n uintptr, cb, closure uintptr, op *uint64) int32
-	cnGroupSend    func(h uint64, group *byte, body *byte, n uintptr, cb, closure uintptr, op *uint64) int32
-	cnReceive      func(h uint64, channel *byte, cb, closure uintptr, body *uintptr, n *uintptr, op *uint64) int32
-	cnPutBack      func(h uint64, channel *byte, body *byte, n uintptr) int32
-	cnReceiveMany  func(h uint64, channel *byte, limit uintptr, block *uintptr, n *uintptr, count *uintptr) int32
-	cnPutBackMany  func(h uint64, channel *byte, block *byte, n uintptr) int32
-	cnNewChannel   func(h uint64, prefix *byte, cb, closure uintptr, channel *uintptr, op *uint64) int32
-	cnGroupAdd     func(h uint64, group, channel *byte, cb, closure uintptr, op *uint64) int32
+	cnQueueNew     func(notify int, queue *uint64) int32
+	cnQueueTake    func(queue uint64, results *cResult, capacity uintptr, count *uintptr) int32
+	cnQueueFree    func(queue uint64) int32
+	cnConnect      func(config *byte, log, logClosure uintptr, queue uint64, closure uintptr, client *uint64) int32
+	cnClose        func(h uint64, queue uint64, closure uintptr) int32
+	cnStats        func(h uint64, json *uintptr) int32
+	cnSend         func(h uint64, channel *byte, body *byte, n uintptr, queue uint64, closure uintptr, op *uint64) int32
+	cnGroupSend    func(h uint64, group *byte, body *byte, n uintptr, queue uint64, closure uintptr, op *uint64) int32
+	cnReceive      func(h uint64, channel *byte, queue uint64, closure uintptr, body *uintptr, n *uintptr, op *uint64) int32
+	cnCancel       func(h uint64, op uint64) int32
+	cnNewChannel   func(h uint64, prefix *byte, queue uint64, closure uintptr, channel *uintptr, op *uint64) int32
+	cnGroupAdd     func(h uint64, group, channel *byte, queue uint64, closure uintptr, op *uint64) int32
 	cnGroupDiscard func(h uint64, group, channel *byte) int32
 	cnFlush        func(h uint64) int32
-	cnCancel       func(h uint64, op uint64) int32
-	cnStats        func(h uint64, json *uintptr) int32
-	cnSetBatch     func(h uint64, cb, closure uintptr) int32
-	cnQueueNew     func(notify int, queue *uint64) int32
-	cnSetQueue     func(h uint64, queue uint64) int32
-	cnQueueTake    func(queue uint64, results *cResult, capacity uintptr, count *uintptr, memory *uintptr) int32
-	cnQueueFree    func(queue uint64) int32
 )
 
-// The two C function pointers, made once per test binary.
-var (
-	completeCB uintptr // cn_callback
-	logCB      uintptr // cn_log_callback
-	batchCB    uintptr // cn_batch_callback
-)
+// cResult mirrors struct cn_result of include/channels_nats.h on 64-bit platforms: op, closure,
+// status (an enum: 4 bytes, then 4 of padding), text, data, len; 48 bytes.
+type cResult struct {
+	op      uint64
+	closure uintptr
+	status  int32
+	_       int32
+	text    uintptr
+	data    uintptr
+	len     uintptr
+}
+
+// logCB is the cn_log_callback, made once per test binary.
+var logCB uintptr
 
 // libPath is the library under test: $CN_LIB, else build/<goos>-<goarch>/libchannels_nats.so
 // under the module root.
@@ -123,7 +128,7 @@ func moduleRoot() (string, error) {
 	}
 }
 
-// load opens the library and binds every cn_* function and both callbacks.
+// load opens the library and binds every cn_* function and the log callback.
 func load() error {
 	path, err := libPath()
 	if err != nil {
@@ -153,56 +158,28 @@ func load() error {
 	bind(&cnStatusText, "cn_status_text")
 	bind(&cnLastError, "cn_last_error")
 	bind(&cnFree, "cn_free")
+	bind(&cnQueueNew, "cn_queue_new")
+	bind(&cnQueueTake, "cn_queue_take")
+	bind(&cnQueueFree, "cn_queue_free")
 	bind(&cnConnect, "cn_connect")
 	bind(&cnClose, "cn_close")
+	bind(&cnStats, "cn_stats")
 	bind(&cnSend, "cn_send")
 	bind(&cnGroupSend, "cn_group_send")
 	bind(&cnReceive, "cn_receive")
-	bind(&cnPutBack, "cn_put_back")
-	bind(&cnReceiveMany, "cn_receive_many")
-	bind(&cnPutBackMany, "cn_put_back_many")
+	bind(&cnCancel, "cn_cancel")
 	bind(&cnNewChannel, "cn_new_channel")
 	bind(&cnGroupAdd, "cn_group_add")
 	bind(&cnGroupDiscard, "cn_group_discard")
 	bind(&cnFlush, "cn_flush")
-	bind(&cnCancel, "cn_cancel")
-	bind(&cnStats, "cn_stats")
-	bind(&cnSetBatch, "cn_set_batch_callback")
-	bind(&cnQueueNew, "cn_queue_new")
-	bind(&cnSetQueue, "cn_set_result_queue")
-	bind(&cnQueueTake, "cn_queue_take")
-	bind(&cnQueueFree, "cn_queue_free")
 	if err != nil {
 		return err
 	}
-	completeCB = purego.NewCallback(onComplete)
 	logCB = purego.NewCallback(onLog)
-	batchCB = purego.NewCallback(onBatch)
 	return nil
 }
 
-// ---- Callbacks ------------------------------------------------------------------------------
-
-// cbResult is one call of the completion callback, copied during the call.
-type cbResult struct {
-	Status  int32
-	Text    string
-	HasText bool // text was not NULL
-	Data    []byte
-	HasData bool // data was not NULL
-	Len     uintptr
-	Seq     uint64 // global order of all completion callbacks
-	Tid     int    // the thread it ran on
-}
-
-// waiter receives the callbacks of the operations given its closure value.
-type waiter struct {
-	closure  uintptr
-	ch       chan cbResult
-	calls    atomic.Int64
-	overflow atomic.Int64
-	inCB     func(r cbResult) // runs inside the callback, on the library's thread; may be nil
-}
+// ---- The log callback -----------------------------------------------------------------------
 
 // logRecord is one call of the log callback.
 type logRecord struct {
@@ -210,9 +187,11 @@ type logRecord struct {
 	Message string
 }
 
-// logSink receives the log records of the clients given its closure value.
+// logSink receives the log records of the clients given its closure value. hook, if set, runs
+// inside the callback, on the library's thread, after the record was stored.
 type logSink struct {
 	closure uintptr
+	hook    func(logRecord)
 	mu      sync.Mutex
 	records []logRecord
 	calls   atomic.Int64
@@ -220,13 +199,14 @@ type logSink struct {
 
 var (
 	nextClosure atomic.Uintptr // closure values: 1, 2, ... (0 would be NULL)
-	waiters     sync.Map       // closure -> *waiter; never removed, late callbacks stay routable
-	sinks       sync.Map       // closure -> *logSink
-	cbSeq       atomic.Uint64
+	sinks       sync.Map       // closure -> *logSink; never removed, late records stay routable
 
 	strayMu sync.Mutex
-	strays  []string // callbacks that reached no registered waiter, or panicked
+	strays  []string // log records that reached no registered sink, or panicked
 )
+
+// newClosure is a closure value no other operation of the binary uses.
+func newClosure() uintptr { return nextClosure.Add(1) }
 
 func stray(format string, args ...any) {
 	strayMu.Lock()
@@ -234,47 +214,11 @@ func stray(format string, args ...any) {
 	strayMu.Unlock()
 }
 
-// newWaiter registers a waiter whose channel holds up to buf results.
-func newWaiter(buf int, inCB func(cbResult)) *waiter {
-	w := &waiter{closure: nextClosure.Add(1), ch: make(chan cbResult, buf), inCB: inCB}
-	waiters.Store(w.closure, w)
-	return w
-}
-
-func newLogSink() *logSink {
-	s := &logSink{closure: nextClosure.Add(1)}
+// newLogSink registers a sink; hook may be nil.
+func newLogSink(hook func(logRecord)) *logSink {
+	s := &logSink{closure: newClosure(), hook: hook}
 	sinks.Store(s.closure, s)
 	return s
-}
-
-func onComplete(closure uintptr, status int32, text, data, n uintptr) {
-	defer func() {
-		if r := recover(); r != nil {
-			stray("panic in the completion callback (closure %d): %v", closure, r)
-		}
-	}()
-	r := cbResult{Status: status, Len: n, Seq: cbSeq.Add(1), Tid: syscall.Gettid()}
-	if text != 0 {
-		r.Text, r.HasText = cString(text), true
-	}
-	if data != 0 {
-		r.Data, r.HasData = cBytes(data, n), true
-	}
-	v, ok := waiters.Load(closure)
-	if !ok {
-		stray("completion callback with unknown closure %d (%s, %q)", closure, name(status), r.Text)
-		return
-	}
-	w := v.(*waiter)
-	w.calls.Add(1)
-	if w.inCB != nil {
-		w.inCB(r)
-	}
-	select {
-	case w.ch <- r:
-	default:
-		w.overflow.Add(1)
-	}
 }
 
 func onLog(closure uintptr, level int32, message uintptr) {
@@ -283,20 +227,23 @@ func onLog(closure uintptr, level int32, message uintptr) {
 			stray("panic in the log callback (closure %d): %v", closure, r)
 		}
 	}()
-	text := ""
+	rec := logRecord{Level: level}
 	if message != 0 {
-		text = cString(message)
+		rec.Message = cString(message)
 	}
 	v, ok := sinks.Load(closure)
 	if !ok {
-		stray("log callback with unknown closure %d: %d %q", closure, level, text)
+		stray("log callback with unknown closure %d: %d %q", closure, level, rec.Message)
 		return
 	}
 	s := v.(*logSink)
 	s.calls.Add(1)
 	s.mu.Lock()
-	s.records = append(s.records, logRecord{level, text})
+	s.records = append(s.records, rec)
 	s.mu.Unlock()
+	if s.hook != nil {
+		s.hook(rec)
+	}
 }
 
 func (s *logSink) snapshot() []logRecord {
@@ -336,18 +283,11 @@ func cBytes(p, n uintptr) []byte {
 	return out
 }
 
-// takeString copies and frees a string the library returned through an out-parameter.
+// takeString copies and frees a string the library returned through a char ** out-parameter.
 func takeString(p uintptr) string {
 	s := cString(p)
 	cnFree(p)
 	return s
-}
-
-// takeBytes copies and frees a body the library returned through an out-parameter.
-func takeBytes(p, n uintptr) []byte {
-	b := cBytes(p, n)
-	cnFree(p)
-	return b
 }
 
 // cs is s as a NUL-terminated C string in Go memory (the library copies its inputs).

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// wait is how long a test waits for a callback that must come.
+// wait is how long a test waits for a result that must come.
 const wait = 5 * time.Second
 
 // ---- Servers --------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ func (ts *testServer) waitInterest(t testing.TB, subject string) {
 }
 
 // silentServer accepts connections and never says anything (no INFO), so a connect hangs until
-// its connect_timeout.
+// its connect_deadline.
 func silentServer(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -142,6 +142,24 @@ func numbered(t testing.TB, n int) []byte {
 	return pack(t, map[string]any{"type": "test", "n": n})
 }
 
+// paddedBody is a numbered message with a payload; a struct, so that its encoding (the order of
+// the keys) is the same every time.
+type paddedBody struct {
+	Type string `msgpack:"type"`
+	N    int    `msgpack:"n"`
+	Pad  []byte `msgpack:"pad"`
+}
+
+// padded is a body numbered n with size bytes of payload holding every byte value (NULs too).
+// The same n and size give the same bytes.
+func padded(t testing.TB, n, size int) []byte {
+	pad := make([]byte, size)
+	for i := range pad {
+		pad[i] = byte(i + n)
+	}
+	return pack(t, paddedBody{"test", n, pad})
+}
+
 // numberOf decodes the "n" of a numbered body, -1 if it is not one.
 func numberOf(body []byte) int {
 	var m map[string]any
@@ -171,10 +189,13 @@ func numberOf(body []byte) int {
 
 // ---- Clients --------------------------------------------------------------------------------
 
-// client is a connected cn_client with its log sink.
+// client is a connected cn_client. own is the queue of the helpers below: each of them has at
+// most one operation pending on it and takes its result, so tests use queues of their own for
+// the operations they look at.
 type client struct {
 	t   testing.TB
 	h   uint64
+	own *queue
 	log *logSink
 
 	barrierOnce sync.Once
@@ -195,51 +216,100 @@ func config(t testing.TB, servers []string, extra map[string]any) string {
 	return string(b)
 }
 
-// connect connects a client with the waiting form; it is closed when the test ends.
+// connect connects a client to url; it is closed when the test ends.
 func connect(t testing.TB, url string, extra map[string]any) *client {
 	t.Helper()
-	c := &client{t: t, log: newLogSink()}
-	doc := config(t, []string{url}, extra)
-	st, msg := onThread(func() int32 { return cnConnect(cs(doc), logCB, c.log.closure, 0, 0, &c.h) })
-	if st != cnOK {
-		t.Fatalf("cn_connect: %s (%s)", name(st), msg)
+	return connectDoc(t, config(t, []string{url}, extra), nil)
+}
+
+// connectDoc connects a client with a configuration document and log sink (nil: one of its
+// own), and checks the connect's result: op is the client handle, the closure comes back, CN_OK
+// without text or data.
+func connectDoc(t testing.TB, doc string, log *logSink) *client {
+	t.Helper()
+	if log == nil {
+		log = newLogSink(nil)
 	}
-	if c.h == 0 {
-		t.Fatal("cn_connect: CN_OK with handle 0")
+	c := &client{t: t, own: newQueue(t), log: log}
+	closure := newClosure()
+	c.h = startConnect(t, doc, log, c.own, closure)
+	r := c.own.one()
+	if r.Op != c.h || r.Closure != closure || r.Status != cnOK || r.HasText || r.HasData {
+		t.Fatalf("connect result %v (text %v, data %v), want op %d closure %d CN_OK without text or data",
+			r, r.HasText, r.HasData, c.h, closure)
 	}
-	t.Cleanup(func() {
-		if st := cnClose(c.h, 0, 0); st != cnOK && st != cnClosed {
-			t.Errorf("cleanup: cn_close: %s", name(st))
-		}
-	})
 	return c
 }
 
-// newChannel makes a process channel in either form the header allows: at once, or pending
-// with the name as the callback's text.
+// startConnect is one cn_connect that must return CN_PENDING with a handle (log may be nil). The
+// client is closed when the test ends.
+func startConnect(t testing.TB, doc string, log *logSink, q *queue, closure uintptr) uint64 {
+	t.Helper()
+	var logFn, logClosure uintptr
+	if log != nil {
+		logFn, logClosure = logCB, log.closure
+	}
+	h := ^uint64(0) // garbage: the library must write it
+	st, msg := onThread(func() int32 { return cnConnect(cs(doc), logFn, logClosure, q.h, closure, &h) })
+	if st != cnPending || h == 0 || h == ^uint64(0) {
+		t.Fatalf("cn_connect: %s (%s), handle %d; want CN_PENDING with a handle", name(st), msg, h)
+	}
+	t.Cleanup(func() { closeAtEnd(t, h) })
+	return h
+}
+
+// closeAtEnd closes h unless it is closed already, and waits for the close's result on a queue
+// of its own (the test's queues may be freed by now).
+func closeAtEnd(t testing.TB, h uint64) {
+	var qh uint64
+	if st := cnQueueNew(-1, &qh); st != cnOK {
+		t.Errorf("cleanup: cn_queue_new: %s", name(st))
+		return
+	}
+	defer cnQueueFree(qh)
+	switch st := cnClose(h, qh, 0); st {
+	case cnClosed:
+		return
+	case cnPending:
+	default:
+		t.Errorf("cleanup: cn_close: %s (%s)", name(st), cnLastError())
+		return
+	}
+	q := &queue{t: t, h: qh, rfd: -1, wfd: -1}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		for _, r := range q.takeAll() {
+			if r.Op == h {
+				return
+			}
+		}
+	}
+	t.Errorf("cleanup: no result of cn_close(%d) within 20 s", h)
+}
+
+// newChannel makes a process channel, at once or pending with the name as the result's text.
 func (c *client) newChannel(prefix string) string {
 	c.t.Helper()
-	w := newWaiter(1, nil)
-	var out uintptr
-	var op uint64
 	var p *byte
 	if prefix != "" {
 		p = cs(prefix)
 	}
-	st, msg := onThread(func() int32 { return cnNewChannel(c.h, p, completeCB, w.closure, &out, &op) })
+	var out uintptr
+	op := ^uint64(0)
+	closure := newClosure()
+	st, msg := onThread(func() int32 { return cnNewChannel(c.h, p, c.own.h, closure, &out, &op) })
 	switch st {
 	case cnOK:
-		if out == 0 {
-			c.t.Fatal("cn_new_channel: CN_OK without a name")
+		if out == 0 || op != 0 {
+			c.t.Fatalf("cn_new_channel: CN_OK with name %#x and op %d, want a name and op 0", out, op)
 		}
 		return takeString(out)
 	case cnPending:
-		r := w.wait(c.t)
-		if r.Status != cnOK || !r.HasText || r.Text == "" {
-			c.t.Fatalf("cn_new_channel callback: %s text %q", name(r.Status), r.Text)
+		r := c.own.one()
+		if r.Op != op || r.Closure != closure || r.Status != cnOK || r.Text == "" || r.HasData {
+			c.t.Fatalf("cn_new_channel result %v, want op %d CN_OK with the name as text", r, op)
 		}
-		if r.HasData || r.Len != 0 {
-			c.t.Errorf("cn_new_channel callback with data (%d bytes), want NULL and 0", r.Len)
+		if out != 0 {
+			c.t.Errorf("pending cn_new_channel also stored a name in *channel")
 		}
 		return r.Text
 	}
@@ -247,11 +317,11 @@ func (c *client) newChannel(prefix string) string {
 	return ""
 }
 
-// send sends body with the waiting form and requires CN_OK.
+// send sends body and requires CN_OK (accepted at once: the outbound buffer has room).
 func (c *client) send(channel string, body []byte) {
 	c.t.Helper()
 	b, n := bp(body)
-	st, msg := onThread(func() int32 { return cnSend(c.h, cs(channel), b, n, 0, 0, nil) })
+	st, msg := onThread(func() int32 { return cnSend(c.h, cs(channel), b, n, c.own.h, 0, nil) })
 	if st != cnOK {
 		c.t.Fatalf("cn_send(%s): %s (%s)", channel, name(st), msg)
 	}
@@ -261,36 +331,47 @@ func (c *client) send(channel string, body []byte) {
 func (c *client) groupSend(group string, body []byte) {
 	c.t.Helper()
 	b, n := bp(body)
-	st, msg := onThread(func() int32 { return cnGroupSend(c.h, cs(group), b, n, 0, 0, nil) })
+	st, msg := onThread(func() int32 { return cnGroupSend(c.h, cs(group), b, n, c.own.h, 0, nil) })
 	if st != cnOK {
 		c.t.Fatalf("cn_group_send(%s): %s (%s)", group, name(st), msg)
 	}
 }
 
-// groupAdd adds channel to group with the waiting form.
+// groupAdd adds channel to group, at once or pending.
 func (c *client) groupAdd(group, channel string) {
 	c.t.Helper()
-	st, msg := onThread(func() int32 { return cnGroupAdd(c.h, cs(group), cs(channel), 0, 0, nil) })
-	if st != cnOK {
+	var op uint64
+	st, msg := onThread(func() int32 { return cnGroupAdd(c.h, cs(group), cs(channel), c.own.h, 0, &op) })
+	switch st {
+	case cnOK:
+	case cnPending:
+		if r := c.own.one(); r.Op != op || r.Status != cnOK || r.HasText || r.HasData {
+			c.t.Fatalf("cn_group_add(%s, %s) result %v, want op %d CN_OK without text or data", group, channel, r, op)
+		}
+	default:
 		c.t.Fatalf("cn_group_add(%s, %s): %s (%s)", group, channel, name(st), msg)
 	}
 }
 
-// receive starts a receive with the callback of w: it returns the status, the body when the
-// message was there (CN_OK) and the operation handle when it is pending.
-func (c *client) receive(channel string, w *waiter) (st int32, body []byte, op uint64) {
+// receive starts a receive whose pending result goes to q (nil: c.own). It returns the status,
+// a copy of the body when a message was waiting (CN_OK) and the op when it is pending.
+func (c *client) receive(channel string, q *queue, closure uintptr) (st int32, body []byte, op uint64) {
 	c.t.Helper()
+	if q == nil {
+		q = c.own
+	}
 	var out, n uintptr
-	st, msg := onThread(func() int32 { return cnReceive(c.h, cs(channel), completeCB, w.closure, &out, &n, &op) })
+	op = ^uint64(0) // garbage: the library must write it
+	st, msg := onThread(func() int32 { return cnReceive(c.h, cs(channel), q.h, closure, &out, &n, &op) })
 	switch st {
 	case cnOK:
-		if out == 0 {
-			c.t.Fatalf("cn_receive(%s): CN_OK with a NULL body", channel)
+		if out == 0 || op != 0 {
+			c.t.Errorf("cn_receive(%s): CN_OK with body %#x (%d bytes) and op %d, want a body and op 0", channel, out, n, op)
 		}
-		return st, takeBytes(out, n), 0
+		return st, cBytes(out, n), 0
 	case cnPending:
-		if op == 0 {
-			c.t.Errorf("cn_receive(%s): CN_PENDING with op 0", channel)
+		if op == 0 || op == ^uint64(0) || out != 0 || n != 0 {
+			c.t.Errorf("cn_receive(%s): CN_PENDING with op %d, body %#x, len %d; want an op, NULL and 0", channel, op, out, n)
 		}
 		return st, nil, op
 	}
@@ -298,12 +379,12 @@ func (c *client) receive(channel string, w *waiter) (st int32, body []byte, op u
 	return st, nil, 0
 }
 
-// receivePending starts a receive that must be pending.
-func (c *client) receivePending(channel string, w *waiter) uint64 {
+// receivePending starts a receive that must be pending, its result going to q (nil: c.own).
+func (c *client) receivePending(channel string, q *queue) uint64 {
 	c.t.Helper()
-	st, _, op := c.receive(channel, w)
+	st, body, op := c.receive(channel, q, newClosure())
 	if st != cnPending {
-		c.t.Fatalf("cn_receive(%s): %s, want CN_PENDING", channel, name(st))
+		c.t.Fatalf("cn_receive(%s): %s (n=%d), want CN_PENDING", channel, name(st), numberOf(body))
 	}
 	return op
 }
@@ -311,8 +392,7 @@ func (c *client) receivePending(channel string, w *waiter) uint64 {
 // receiveNow receives a message that must be waiting already.
 func (c *client) receiveNow(channel string) []byte {
 	c.t.Helper()
-	w := newWaiter(1, nil)
-	st, body, op := c.receive(channel, w)
+	st, body, op := c.receive(channel, nil, 0)
 	if st != cnOK {
 		if st == cnPending {
 			cnCancel(c.h, op)
@@ -322,23 +402,35 @@ func (c *client) receiveNow(channel string) []byte {
 	return body
 }
 
-// receiveAny receives the next message, now or through the callback.
+// receiveAny receives the next message, at once or as a pending result.
 func (c *client) receiveAny(channel string) []byte {
 	c.t.Helper()
-	w := newWaiter(1, nil)
-	st, body, _ := c.receive(channel, w)
+	st, body, op := c.receive(channel, nil, 0)
 	switch st {
 	case cnOK:
 		return body
 	case cnPending:
-		r := w.wait(c.t)
-		if r.Status != cnOK {
-			c.t.Fatalf("cn_receive(%s) callback: %s (%s)", channel, name(r.Status), r.Text)
+		r := c.own.one()
+		if r.Op != op || r.Status != cnOK || !r.HasData {
+			c.t.Fatalf("cn_receive(%s) result %v, want op %d CN_OK with data", channel, r, op)
 		}
 		return r.Data
 	}
 	c.t.Fatalf("cn_receive(%s): %s", channel, name(st))
 	return nil
+}
+
+// nothingWaiting checks that channel holds no message: a receive is pending, and is withdrawn.
+func (c *client) nothingWaiting(channel string) {
+	c.t.Helper()
+	st, body, op := c.receive(channel, nil, 0)
+	if st != cnPending {
+		c.t.Errorf("%s holds a message (n=%d, %s), want none", channel, numberOf(body), name(st))
+		return
+	}
+	if st := cnCancel(c.h, op); st != cnOK {
+		c.t.Errorf("cn_cancel of a waiting receive: %s", name(st))
+	}
 }
 
 // stats returns the client's counters.
@@ -349,53 +441,49 @@ func (c *client) stats() map[string]any {
 	if st != cnOK || out == 0 {
 		c.t.Fatalf("cn_stats: %s (%s)", name(st), msg)
 	}
-	doc := takeString(out)
+	return parseStats(c.t, takeString(out))
+}
+
+// parseStats decodes a statistics document.
+func parseStats(t testing.TB, doc string) map[string]any {
+	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal([]byte(doc), &m); err != nil {
-		c.t.Fatalf("cn_stats: not JSON: %v: %s", err, doc)
+		t.Fatalf("statistics are not JSON: %v: %q", err, doc)
 	}
 	return m
 }
 
-// barrier makes sure that every message from sends earlier has reached c's mailboxes:
-// the sender sends a marker to a process channel of c with a waiting receive, and a client
-// delivers in arrival order (one dispatcher), while the server keeps one publisher's order.
+// stat is the number at a dotted path of a statistics document ("dropped.capacity"); -1 when
+// it is missing or not a number.
+func stat(m map[string]any, path string) float64 {
+	var v any = m
+	for _, key := range strings.Split(path, ".") {
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return -1
+		}
+		v = obj[key]
+	}
+	if n, ok := v.(float64); ok {
+		return n
+	}
+	return -1
+}
+
+// barrier makes sure that every message from earlier sends of from has reached c's mailboxes:
+// from sends a marker to a process channel of c with a waiting receive, and a client delivers in
+// arrival order (one dispatcher), while the server keeps one publisher's order.
 func (c *client) barrier(from *client) {
 	c.t.Helper()
 	c.barrierOnce.Do(func() { c.barrierCh = c.newChannel("") })
-	w := newWaiter(1, nil)
-	st, body, op := c.receive(c.barrierCh, w)
-	if st == cnOK {
-		c.t.Fatalf("barrier channel held a message: %x", body)
-	}
-	if st != cnPending || op == 0 {
-		c.t.Fatalf("barrier receive: %s", name(st))
+	st, body, op := c.receive(c.barrierCh, nil, 0)
+	if st != cnPending {
+		c.t.Fatalf("barrier receive: %s (n=%d), want CN_PENDING", name(st), numberOf(body))
 	}
 	from.send(c.barrierCh, pack(c.t, map[string]any{"type": "barrier"}))
-	if r := w.wait(c.t); r.Status != cnOK {
-		c.t.Fatalf("barrier callback: %s (%s)", name(r.Status), r.Text)
-	}
-}
-
-// wait returns the next callback result, failing the test after a while.
-func (w *waiter) wait(t testing.TB) cbResult {
-	t.Helper()
-	select {
-	case r := <-w.ch:
-		return r
-	case <-time.After(wait):
-		t.Fatalf("no callback for closure %d within %s", w.closure, wait)
-	}
-	return cbResult{}
-}
-
-// none checks that no callback comes for d.
-func (w *waiter) none(t testing.TB, d time.Duration) {
-	t.Helper()
-	select {
-	case r := <-w.ch:
-		t.Errorf("unexpected callback for closure %d: %s %q %x", w.closure, name(r.Status), r.Text, r.Data)
-	case <-time.After(d):
+	if r := c.own.one(); r.Op != op || r.Status != cnOK {
+		c.t.Fatalf("barrier result %v, want op %d CN_OK", r, op)
 	}
 }
 

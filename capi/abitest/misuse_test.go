@@ -3,7 +3,9 @@
 package abitest
 
 import (
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,31 +32,30 @@ func run(t *testing.T, calls []call) {
 	}
 }
 
+// NULL pointers, invalid UTF-8, refused names and bodies that are not Channels messages: each
+// refused with its status and a detail, nothing sent, nothing pending, the client unharmed.
 func TestMisuseArguments(t *testing.T) {
 	ts := startServer(t)
 	c := connect(t, ts.url, nil)
 	ch := c.newChannel("")
-	never := newWaiter(64, nil)
-	cb, cl := completeCB, never.closure
+	q := newQueue(t)
 	body := numbered(t, 1)
 	b, n := bp(body)
 	var out, blen uintptr
 	var op uint64
-	h := c.h
+	h, qh := c.h, q.h
 	calls := []call{
-		{"cn_send(channel NULL)", cnInvalidArg, func() int32 { return cnSend(h, nil, b, n, cb, cl, &op) }},
-		{"cn_send(body NULL)", cnInvalidArg, func() int32 { return cnSend(h, cs(ch), nil, n, cb, cl, &op) }},
-		{"cn_send(body NULL, len 0)", cnInvalidArg, func() int32 { return cnSend(h, cs(ch), nil, 0, cb, cl, &op) }},
-		{"cn_group_send(group NULL)", cnInvalidArg, func() int32 { return cnGroupSend(h, nil, b, n, cb, cl, &op) }},
-		{"cn_group_send(body NULL)", cnInvalidArg, func() int32 { return cnGroupSend(h, cs("grp"), nil, n, cb, cl, &op) }},
-		{"cn_receive(channel NULL)", cnInvalidArg, func() int32 { return cnReceive(h, nil, cb, cl, &out, &blen, &op) }},
-		{"cn_receive(body NULL)", cnInvalidArg, func() int32 { return cnReceive(h, cs(ch), cb, cl, nil, &blen, &op) }},
-		{"cn_receive(len NULL)", cnInvalidArg, func() int32 { return cnReceive(h, cs(ch), cb, cl, &out, nil, &op) }},
-		{"cn_put_back(channel NULL)", cnInvalidArg, func() int32 { return cnPutBack(h, nil, b, n) }},
-		{"cn_put_back(body NULL)", cnInvalidArg, func() int32 { return cnPutBack(h, cs(ch), nil, n) }},
-		{"cn_new_channel(channel NULL)", cnInvalidArg, func() int32 { return cnNewChannel(h, nil, cb, cl, nil, &op) }},
-		{"cn_group_add(group NULL)", cnInvalidArg, func() int32 { return cnGroupAdd(h, nil, cs(ch), cb, cl, &op) }},
-		{"cn_group_add(channel NULL)", cnInvalidArg, func() int32 { return cnGroupAdd(h, cs("grp"), nil, cb, cl, &op) }},
+		{"cn_send(channel NULL)", cnInvalidArg, func() int32 { return cnSend(h, nil, b, n, qh, 0, &op) }},
+		{"cn_send(body NULL)", cnInvalidArg, func() int32 { return cnSend(h, cs(ch), nil, n, qh, 0, &op) }},
+		{"cn_send(body NULL, len 0)", cnInvalidArg, func() int32 { return cnSend(h, cs(ch), nil, 0, qh, 0, &op) }},
+		{"cn_group_send(group NULL)", cnInvalidArg, func() int32 { return cnGroupSend(h, nil, b, n, qh, 0, &op) }},
+		{"cn_group_send(body NULL)", cnInvalidArg, func() int32 { return cnGroupSend(h, cs("grp"), nil, n, qh, 0, &op) }},
+		{"cn_receive(channel NULL)", cnInvalidArg, func() int32 { return cnReceive(h, nil, qh, 0, &out, &blen, &op) }},
+		{"cn_receive(body NULL)", cnInvalidArg, func() int32 { return cnReceive(h, cs(ch), qh, 0, nil, &blen, &op) }},
+		{"cn_receive(len NULL)", cnInvalidArg, func() int32 { return cnReceive(h, cs(ch), qh, 0, &out, nil, &op) }},
+		{"cn_new_channel(channel NULL)", cnInvalidArg, func() int32 { return cnNewChannel(h, nil, qh, 0, nil, &op) }},
+		{"cn_group_add(group NULL)", cnInvalidArg, func() int32 { return cnGroupAdd(h, nil, cs(ch), qh, 0, &op) }},
+		{"cn_group_add(channel NULL)", cnInvalidArg, func() int32 { return cnGroupAdd(h, cs("grp"), nil, qh, 0, &op) }},
 		{"cn_group_discard(group NULL)", cnInvalidArg, func() int32 { return cnGroupDiscard(h, nil, cs(ch)) }},
 		{"cn_group_discard(channel NULL)", cnInvalidArg, func() int32 { return cnGroupDiscard(h, cs("grp"), nil) }},
 		{"cn_stats(json NULL)", cnInvalidArg, func() int32 { return cnStats(h, nil) }},
@@ -62,35 +63,33 @@ func TestMisuseArguments(t *testing.T) {
 	// Invalid UTF-8 anywhere a string goes in.
 	bad := "caf\xff"
 	calls = append(calls, []call{
-		{"cn_send(channel invalid UTF-8)", cnInvalidArg, func() int32 { return cnSend(h, cs(bad), b, n, cb, cl, &op) }},
-		{"cn_send(process channel invalid UTF-8)", cnInvalidArg, func() int32 { return cnSend(h, cs(ch[:len(ch)-1]+"\xff"), b, n, cb, cl, &op) }},
-		{"cn_group_send(group invalid UTF-8)", cnInvalidArg, func() int32 { return cnGroupSend(h, cs(bad), b, n, cb, cl, &op) }},
-		{"cn_receive(channel invalid UTF-8)", cnInvalidArg, func() int32 { return cnReceive(h, cs(bad), cb, cl, &out, &blen, &op) }},
-		{"cn_put_back(channel invalid UTF-8)", cnInvalidArg, func() int32 { return cnPutBack(h, cs(bad), b, n) }},
-		{"cn_new_channel(prefix invalid UTF-8)", cnInvalidArg, func() int32 { return cnNewChannel(h, cs(bad), cb, cl, &out, &op) }},
-		{"cn_group_add(group invalid UTF-8)", cnInvalidArg, func() int32 { return cnGroupAdd(h, cs(bad), cs(ch), cb, cl, &op) }},
-		{"cn_group_add(channel invalid UTF-8)", cnInvalidArg, func() int32 { return cnGroupAdd(h, cs("grp"), cs(bad), cb, cl, &op) }},
+		{"cn_send(channel invalid UTF-8)", cnInvalidArg, func() int32 { return cnSend(h, cs(bad), b, n, qh, 0, &op) }},
+		{"cn_send(process channel invalid UTF-8)", cnInvalidArg, func() int32 { return cnSend(h, cs(ch[:len(ch)-1]+"\xff"), b, n, qh, 0, &op) }},
+		{"cn_group_send(group invalid UTF-8)", cnInvalidArg, func() int32 { return cnGroupSend(h, cs(bad), b, n, qh, 0, &op) }},
+		{"cn_receive(channel invalid UTF-8)", cnInvalidArg, func() int32 { return cnReceive(h, cs(bad), qh, 0, &out, &blen, &op) }},
+		{"cn_new_channel(prefix invalid UTF-8)", cnInvalidArg, func() int32 { return cnNewChannel(h, cs(bad), qh, 0, &out, &op) }},
+		{"cn_group_add(group invalid UTF-8)", cnInvalidArg, func() int32 { return cnGroupAdd(h, cs(bad), cs(ch), qh, 0, &op) }},
+		{"cn_group_add(channel invalid UTF-8)", cnInvalidArg, func() int32 { return cnGroupAdd(h, cs("grp"), cs(bad), qh, 0, &op) }},
 		{"cn_group_discard(group invalid UTF-8)", cnInvalidArg, func() int32 { return cnGroupDiscard(h, cs(bad), cs(ch)) }},
 		{"cn_group_discard(channel invalid UTF-8)", cnInvalidArg, func() int32 { return cnGroupDiscard(h, cs("grp"), cs(bad)) }},
 	}...)
 	// Names the layer refuses.
 	for _, bad := range []string{"bad name", "a..b", ".lead", "trail.", "a*b", "a>b", ""} {
 		calls = append(calls, []call{
-			{"cn_send(" + bad + ")", cnInvalidName, func() int32 { return cnSend(h, cs(bad), b, n, cb, cl, &op) }},
-			{"cn_group_send(" + bad + ")", cnInvalidName, func() int32 { return cnGroupSend(h, cs(bad), b, n, cb, cl, &op) }},
-			{"cn_receive(" + bad + ")", cnInvalidName, func() int32 { return cnReceive(h, cs(bad), cb, cl, &out, &blen, &op) }},
-			{"cn_put_back(" + bad + ")", cnInvalidName, func() int32 { return cnPutBack(h, cs(bad), b, n) }},
-			{"cn_group_add(group " + bad + ")", cnInvalidName, func() int32 { return cnGroupAdd(h, cs(bad), cs(ch), cb, cl, &op) }},
-			{"cn_group_add(channel " + bad + ")", cnInvalidName, func() int32 { return cnGroupAdd(h, cs("grp"), cs(bad), cb, cl, &op) }},
+			{"cn_send(" + bad + ")", cnInvalidName, func() int32 { return cnSend(h, cs(bad), b, n, qh, 0, &op) }},
+			{"cn_group_send(" + bad + ")", cnInvalidName, func() int32 { return cnGroupSend(h, cs(bad), b, n, qh, 0, &op) }},
+			{"cn_receive(" + bad + ")", cnInvalidName, func() int32 { return cnReceive(h, cs(bad), qh, 0, &out, &blen, &op) }},
+			{"cn_group_add(group " + bad + ")", cnInvalidName, func() int32 { return cnGroupAdd(h, cs(bad), cs(ch), qh, 0, &op) }},
+			{"cn_group_add(channel " + bad + ")", cnInvalidName, func() int32 { return cnGroupAdd(h, cs("grp"), cs(bad), qh, 0, &op) }},
 			{"cn_group_discard(group " + bad + ")", cnInvalidName, func() int32 { return cnGroupDiscard(h, cs(bad), cs(ch)) }},
 		}...)
 		if bad != "" { // "" as the prefix means "specific"
 			calls = append(calls, call{"cn_new_channel(prefix " + bad + ")", cnInvalidName,
-				func() int32 { return cnNewChannel(h, cs(bad), cb, cl, &out, &op) }})
+				func() int32 { return cnNewChannel(h, cs(bad), qh, 0, &out, &op) }})
 		}
 	}
 	calls = append(calls, call{"cn_send(name too long)", cnInvalidName,
-		func() int32 { return cnSend(h, cs(strings.Repeat("a", 200)), b, n, cb, cl, &op) }})
+		func() int32 { return cnSend(h, cs(strings.Repeat("a", 200)), b, n, qh, 0, &op) }})
 	// Bodies that are not Channels messages.
 	bodies := map[string][]byte{
 		"empty body":         {},
@@ -106,18 +105,18 @@ func TestMisuseArguments(t *testing.T) {
 	for what, body := range bodies {
 		b, n := bp(body)
 		calls = append(calls, []call{
-			{"cn_send(" + what + ")", cnInvalidMessage, func() int32 { return cnSend(h, cs(ch), b, n, cb, cl, &op) }},
-			{"cn_group_send(" + what + ")", cnInvalidMessage, func() int32 { return cnGroupSend(h, cs("grp"), b, n, cb, cl, &op) }},
+			{"cn_send(" + what + ")", cnInvalidMessage, func() int32 { return cnSend(h, cs(ch), b, n, qh, 0, &op) }},
+			{"cn_group_send(" + what + ")", cnInvalidMessage, func() int32 { return cnGroupSend(h, cs("grp"), b, n, qh, 0, &op) }},
 		}...)
 	}
 	run(t, calls)
-	never.none(t, 100*time.Millisecond)
+	q.quiet(100 * time.Millisecond)
 	// Nothing was sent and the client still works.
 	c.send(ch, numbered(t, 5))
 	if got := numberOf(c.receiveAny(ch)); got != 5 {
 		t.Errorf("after the refused calls a round trip got n=%d, want 5 (a refused send was delivered?)", got)
 	}
-	if s := c.stats(); s["published"] != float64(1) {
+	if s := c.stats(); stat(s, "published") != 1 {
 		t.Errorf("published = %v after refused sends and one send, want 1", s["published"])
 	}
 }
@@ -126,8 +125,7 @@ func TestMessageTooLarge(t *testing.T) {
 	ts := startServer(t, func(o *server.Options) { o.MaxPayload = 1024 })
 	c := connect(t, ts.url, nil)
 	ch := c.newChannel("")
-	plain := uniq(t, "plain")
-	never := newWaiter(8, nil)
+	q := newQueue(t)
 	big := pack(t, map[string]any{"type": "x", "pad": strings.Repeat("a", 2000)})
 	// 1000 bytes: within max_payload alone, over it with a process channel's Channel header.
 	edge := pack(t, map[string]any{"type": "t", "pad": strings.Repeat("a", 985)})
@@ -138,22 +136,22 @@ func TestMessageTooLarge(t *testing.T) {
 	eb, en := bp(edge)
 	var op uint64
 	run(t, []call{
-		{"cn_send(2 KB)", cnTooLarge, func() int32 { return cnSend(c.h, cs(ch), bb, bn, completeCB, never.closure, &op) }},
-		{"cn_send(2 KB, plain)", cnTooLarge, func() int32 { return cnSend(c.h, cs(plain), bb, bn, completeCB, never.closure, &op) }},
-		{"cn_group_send(2 KB)", cnTooLarge, func() int32 { return cnGroupSend(c.h, cs("grp"), bb, bn, completeCB, never.closure, &op) }},
-		{"cn_send(1000 B + Channel header)", cnTooLarge, func() int32 { return cnSend(c.h, cs(ch), eb, en, 0, 0, nil) }},
+		{"cn_send(2 KB)", cnTooLarge, func() int32 { return cnSend(c.h, cs(ch), bb, bn, q.h, 0, &op) }},
+		{"cn_send(2 KB, plain)", cnTooLarge, func() int32 { return cnSend(c.h, cs(uniq(t, "plain")), bb, bn, q.h, 0, &op) }},
+		{"cn_group_send(2 KB)", cnTooLarge, func() int32 { return cnGroupSend(c.h, cs("grp"), bb, bn, q.h, 0, &op) }},
+		{"cn_send(1000 B + Channel header)", cnTooLarge, func() int32 { return cnSend(c.h, cs(ch), eb, en, q.h, 0, nil) }},
 	})
 	// The same 1000 bytes without a header fit.
-	if st := cnGroupSend(c.h, cs("grp"), eb, en, 0, 0, nil); st != cnOK {
+	if st := cnGroupSend(c.h, cs("grp"), eb, en, q.h, 0, nil); st != cnOK {
 		t.Errorf("cn_group_send(1000 B): %s, want CN_OK", name(st))
 	}
-	never.none(t, 50*time.Millisecond)
+	q.quiet(50 * time.Millisecond)
 	// The connection stayed up, and nothing was sent.
 	c.send(ch, numbered(t, 9))
 	if got := numberOf(c.receiveAny(ch)); got != 9 {
 		t.Errorf("after CN_MESSAGE_TOO_LARGE the round trip got n=%d, want 9", got)
 	}
-	if s := c.stats(); s["connected"] != true {
+	if s := c.stats(); s["connected"] != true || stat(s, "published") != 2 {
 		t.Errorf("stats after CN_MESSAGE_TOO_LARGE: %v", s)
 	}
 }
@@ -163,25 +161,17 @@ func TestForeignChannel(t *testing.T) {
 	a := connect(t, ts.url, nil)
 	b := connect(t, ts.url, nil)
 	theirs := b.newChannel("")
-	never := newWaiter(8, nil)
+	q := newQueue(t)
 	var out, n uintptr
 	var op uint64
-	prefixOfTheirs := theirs[:strings.IndexByte(theirs, '!')+1]
 	run(t, []call{
-		{"cn_receive(another client's channel)", cnForeign, func() int32 {
-			return cnReceive(a.h, cs(theirs), completeCB, never.closure, &out, &n, &op)
-		}},
-		{"cn_receive(another client's channel, waiting)", cnForeign, func() int32 {
-			return cnReceive(a.h, cs(theirs), 0, 0, &out, &n, &op)
-		}},
+		{"cn_receive(another client's channel)", cnForeign, func() int32 { return cnReceive(a.h, cs(theirs), q.h, 0, &out, &n, &op) }},
 		{"cn_receive(another client's prefix)", cnForeign, func() int32 {
-			return cnReceive(a.h, cs(prefixOfTheirs), completeCB, never.closure, &out, &n, &op)
+			return cnReceive(a.h, cs(theirs[:strings.IndexByte(theirs, '!')+1]), q.h, 0, &out, &n, &op)
 		}},
-		{"cn_group_add(another client's channel)", cnForeign, func() int32 {
-			return cnGroupAdd(a.h, cs("grp"), cs(theirs), completeCB, never.closure, &op)
-		}},
+		{"cn_group_add(another client's channel)", cnForeign, func() int32 { return cnGroupAdd(a.h, cs("grp"), cs(theirs), q.h, 0, &op) }},
 	})
-	never.none(t, 50*time.Millisecond)
+	q.quiet(50 * time.Millisecond)
 	// Sending to it works.
 	a.send(theirs, numbered(t, 4))
 	if got := numberOf(b.receiveAny(theirs)); got != 4 {
@@ -189,73 +179,95 @@ func TestForeignChannel(t *testing.T) {
 	}
 }
 
-// Waiting calls (callback NULL) of receive, close and connect are refused inside a callback;
-// other calls, and the pending form, work there.
-func TestWaitingCallInsideCallback(t *testing.T) {
+// The log callback must not call the library: from inside it every function that returns a
+// cn_status returns CN_ILLEGAL_STATE with a detail, whatever its arguments, and does nothing.
+func TestCallsFromLogCallback(t *testing.T) {
 	ts := startServer(t)
-	c := connect(t, ts.url, nil)
-	ch := c.newChannel("")
-	other := c.newChannel("")
-	doc := config(t, []string{ts.url}, nil)
+	q := newQueue(t)
 	type outcome struct {
 		st  int32
 		msg string
 	}
-	got := map[string]outcome{}
-	inner := newWaiter(4, nil)
-	w := newWaiter(2, func(r cbResult) {
-		var out, n uintptr
-		var op uint64
-		got["receive"] = outcome{cnReceive(c.h, cs(other), 0, 0, &out, &n, &op), cnLastError()}
-		got["close"] = outcome{cnClose(c.h, 0, 0), cnLastError()}
-		var h uint64
-		got["connect"] = outcome{cnConnect(cs(doc), 0, 0, 0, 0, &h), cnLastError()}
-		if h != 0 && got["connect"].st == cnOK {
-			cnClose(h, completeCB, inner.closure)
-		}
-		body := numbered(t, 2)
-		b, bn := bp(body)
-		got["send"] = outcome{cnSend(c.h, cs(other), b, bn, 0, 0, nil), cnLastError()}
-		got["stats"] = outcome{cnStats(c.h, &out), cnLastError()}
-		cnFree(out)
-		// Waiting forms the header does not refuse: they wait on the server, not on this thread.
-		got["new_channel"] = outcome{cnNewChannel(c.h, cs("in.callback"), 0, 0, &out, nil), cnLastError()}
-		if got["new_channel"].st == cnOK {
-			cnFree(out)
-		}
-		got["group_add"] = outcome{cnGroupAdd(c.h, cs("in-callback"), cs(other), 0, 0, nil), cnLastError()}
-		got["receive pending"] = outcome{cnReceive(c.h, cs(other), completeCB, inner.closure, &out, &n, &op), cnLastError()}
-		if got["receive pending"].st == cnOK {
-			cnFree(out)
-		}
+	var (
+		mu   sync.Mutex
+		got  map[string]outcome
+		h    uint64 // the client, set before the first record can come
+		ch   string
+		once sync.Once
+	)
+	doc := config(t, []string{ts.url}, nil)
+	sink := newLogSink(func(logRecord) {
+		once.Do(func() {
+			body := numbered(t, 2)
+			b, n := bp(body)
+			var out, blen uintptr
+			var op, client, newQ uint64
+			var count uintptr
+			var results [2]cResult
+			calls := map[string]func() int32{
+				"cn_queue_new":     func() int32 { return cnQueueNew(-1, &newQ) },
+				"cn_queue_take":    func() int32 { return cnQueueTake(q.h, &results[0], 2, &count) },
+				"cn_queue_free":    func() int32 { return cnQueueFree(q.h) },
+				"cn_connect":       func() int32 { return cnConnect(cs(doc), 0, 0, q.h, 0, &client) },
+				"cn_close":         func() int32 { return cnClose(h, q.h, 0) },
+				"cn_stats":         func() int32 { return cnStats(h, &out) },
+				"cn_send":          func() int32 { return cnSend(h, cs(ch), b, n, q.h, 0, &op) },
+				"cn_group_send":    func() int32 { return cnGroupSend(h, cs("grp"), b, n, q.h, 0, &op) },
+				"cn_receive":       func() int32 { return cnReceive(h, cs(ch), q.h, 0, &out, &blen, &op) },
+				"cn_cancel":        func() int32 { return cnCancel(h, 1) },
+				"cn_new_channel":   func() int32 { return cnNewChannel(h, nil, q.h, 0, &out, &op) },
+				"cn_group_add":     func() int32 { return cnGroupAdd(h, cs("grp"), cs(ch), q.h, 0, &op) },
+				"cn_group_discard": func() int32 { return cnGroupDiscard(h, cs("grp"), cs(ch)) },
+				"cn_flush":         func() int32 { return cnFlush(h) },
+			}
+			res := map[string]outcome{}
+			for fn, f := range calls {
+				st := f()
+				res[fn] = outcome{st, cnLastError()}
+			}
+			mu.Lock()
+			got = res
+			mu.Unlock()
+		})
 	})
-	c.receivePending(ch, w)
+	c := connectDoc(t, config(t, []string{ts.url}, map[string]any{"capacity": 1}), sink)
+	h, ch = c.h, c.newChannel("")
+	// A full mailbox (capacity 1) drops the second message and logs a warning.
+	c.send(ch, numbered(t, 0))
 	c.send(ch, numbered(t, 1))
-	if r := w.wait(t); r.Status != cnOK {
-		t.Fatalf("callback: %s", name(r.Status))
-	}
-	for _, fn := range []string{"receive", "close", "connect"} {
-		if o := got[fn]; o.st != cnIllegalState || o.msg == "" {
-			t.Errorf("waiting cn_%s inside a callback: %s (%q), want CN_ILLEGAL_STATE with a detail", fn, name(o.st), o.msg)
+	c.barrier(c)
+	for deadline := time.Now().Add(wait); ; time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		done := got != nil
+		mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no log record within %s: %v", wait, sink.snapshot())
 		}
 	}
-	for _, fn := range []string{"send", "stats", "new_channel", "group_add"} {
-		if o := got[fn]; o.st != cnOK || o.msg != "" {
-			t.Errorf("cn_%s inside a callback: %s (%q), want CN_OK", fn, name(o.st), o.msg)
+	mu.Lock()
+	var wrong []string
+	for fn, o := range got {
+		if o.st != cnIllegalState || o.msg == "" {
+			wrong = append(wrong, fmt.Sprintf("%s: %s (%q)", fn, name(o.st), o.msg))
 		}
 	}
-	// The pending receive made in the callback gets the message sent in the callback.
-	switch o := got["receive pending"]; o.st {
-	case cnOK:
-	case cnPending:
-		if r := inner.wait(t); r.Status != cnOK || numberOf(r.Data) != 2 {
-			t.Errorf("pending receive from a callback: %s n=%d", name(r.Status), numberOf(r.Data))
-		}
-	default:
-		t.Errorf("pending cn_receive inside a callback: %s (%q)", name(o.st), o.msg)
+	mu.Unlock()
+	if len(wrong) > 0 || len(got) != 14 {
+		t.Errorf("calls from the log callback (%d made): want CN_ILLEGAL_STATE with a detail from each, got:\n  %s", len(got), strings.Join(wrong, "\n  "))
 	}
-	// The refused close did not close the client.
-	if s := c.stats(); s["connected"] != true {
-		t.Errorf("client after a refused close from a callback: %v", s)
+	// None of them did anything: the queue is alive and empty, the client open, the first
+	// message still waiting (no receive took it), nothing more published.
+	q.quiet(20 * time.Millisecond)
+	if got := numberOf(c.receiveNow(ch)); got != 0 {
+		t.Errorf("the channel held n=%d, want 0", got)
+	}
+	if s := c.stats(); stat(s, "published") != 3 || s["connected"] != true {
+		t.Errorf("stats: published %v connected %v, want 3 and true", s["published"], s["connected"])
+	}
+	if n := ts.srv.NumClients(); n != 1 {
+		t.Errorf("the server has %d connections, want 1: a connect from the log callback connected", n)
 	}
 }

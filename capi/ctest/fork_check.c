@@ -3,12 +3,14 @@
  *
  *   fork_check NATS_URL
  *
- * The parent connects (the Go runtime is loaded and running, with its threads), then forks. The
- * child calls cn_send, cn_new_channel, cn_receive, cn_receive_stream, cn_stream_stop, cn_connect
- * and cn_close: each must return CN_FORKED at once, with cn_last_error() mentioning "fork". The
- * child bounds itself with alarm(5) (a hang in the Go runtime kills it with SIGALRM) and exits
- * with the number of failed checks. The parent waits for it with a timeout, checks its exit
- * status, and then shows that it still works itself with a send/receive round trip.
+ * The parent makes a result queue, connects through it (the Go runtime is loaded and running,
+ * with its threads), makes a channel, then forks. The child calls every function of the header
+ * that returns a cn_status: each must return CN_FORKED at once, with cn_last_error() mentioning
+ * "fork", and leave its out-parameters alone (it never enters the library). The child bounds
+ * itself with alarm(5) (a hang in the Go runtime kills it with SIGALRM) and exits with the
+ * number of failed checks. The parent waits for it with a timeout, checks its exit status, and
+ * then shows that it still works itself: a send/receive round trip and a close, all through its
+ * queue (queue_host.h).
  * Output: "ok   <name>" / "FAIL <name>: <detail>" lines, then "N passed, M failed".
  */
 #include <errno.h>
@@ -23,10 +25,12 @@
 #include <unistd.h>
 
 #include "channels_nats.h"
+#include "queue_host.h"
 
 static int g_passed, g_failed;
 
-#define CHILD_CHECKS 7 /* the CHILD_CALL lines of child() */
+#define CHILD_CHECKS 14 /* the CHILD_CALL lines of child() */
+#define SENTINEL 77     /* what the child's out-parameters hold before the calls, and after */
 
 static void report(const char *name, int ok, const char *detail) {
     if (ok) {
@@ -39,11 +43,7 @@ static void report(const char *name, int ok, const char *detail) {
     fflush(stdout);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+static double now_s(void) { return (double)hq_now_ms() / 1000.0; }
 
 /* {"type": "fork"} */
 static const uint8_t body[] = {0x81, 0xa4, 't', 'y', 'p', 'e', 0xa4, 'f', 'o', 'r', 'k'};
@@ -67,17 +67,6 @@ static void child_expect_forked(const char *name, cn_status st, double took) {
     }
 }
 
-/* The stream callback of the child: the guard refuses the call, so it never runs. */
-static void never_called(void *closure, cn_status status, const char *text, const uint8_t *data,
-                         size_t len) {
-    (void)closure;
-    (void)status;
-    (void)text;
-    (void)data;
-    (void)len;
-    report("child_stream_callback", 0, "the callback of a refused cn_receive_stream ran");
-}
-
 #define CHILD_CALL(name, call)                                                                \
     do {                                                                                      \
         double t0_ = now_s();                                                                 \
@@ -85,46 +74,108 @@ static void never_called(void *closure, cn_status status, const char *text, cons
         child_expect_forked(name, st_, now_s() - t0_);                                        \
     } while (0)
 
-static void child(cn_client c, const char *channel, const char *url) {
-    char *name = NULL;
-    uint8_t *data = NULL;
-    size_t len = 0;
-    cn_client c2 = 0;
-    cn_op op = 0;
-    uint32_t unused = 0;
+/* The child: q, c and channel are the parent's, inherited through fork(); notify is the write end
+   of the parent's pipe. Nothing here may reach the Go runtime. */
+static void child(cn_queue q, intptr_t notify, cn_client c, const char *channel, const char *url) {
+    char *name = NULL, *json = NULL;
+    const uint8_t *data = NULL;
+    size_t len = SENTINEL, count = SENTINEL;
+    cn_client c2 = SENTINEL;
+    cn_queue q2 = SENTINEL;
+    cn_op op = SENTINEL;
+    cn_result res[2];
     char cfg[300];
     alarm(5); /* the default action of SIGALRM ends the child if a call hangs */
+    memset(res, 0, sizeof res);
     snprintf(cfg, sizeof cfg, "{\"servers\": [\"%s\"]}", url);
-    CHILD_CALL("child_send", cn_send(c, channel, body, sizeof body, NULL, NULL, NULL));
-    CHILD_CALL("child_new_channel", cn_new_channel(c, NULL, NULL, NULL, &name, NULL));
-    CHILD_CALL("child_receive", cn_receive(c, channel, NULL, NULL, &data, &len, &op));
-    CHILD_CALL("child_receive_stream", cn_receive_stream(c, channel, 4, never_called, NULL, &op));
-    CHILD_CALL("child_stream_stop", cn_stream_stop(c, 1, &unused));
-    CHILD_CALL("child_connect", cn_connect(cfg, NULL, NULL, NULL, NULL, &c2));
-    CHILD_CALL("child_close", cn_close(c, NULL, NULL));
-    if (name != NULL || data != NULL) {
+    CHILD_CALL("child_queue_new", cn_queue_new(notify, &q2));
+    CHILD_CALL("child_queue_take", cn_queue_take(q, res, 2, &count));
+    CHILD_CALL("child_connect", cn_connect(cfg, NULL, NULL, q, NULL, &c2));
+    CHILD_CALL("child_stats", cn_stats(c, &json));
+    CHILD_CALL("child_send", cn_send(c, channel, body, sizeof body, q, NULL, &op));
+    CHILD_CALL("child_group_send", cn_group_send(c, "g", body, sizeof body, q, NULL, &op));
+    CHILD_CALL("child_receive", cn_receive(c, channel, q, NULL, &data, &len, &op));
+    CHILD_CALL("child_cancel", cn_cancel(c, 1));
+    CHILD_CALL("child_new_channel", cn_new_channel(c, NULL, q, NULL, &name, &op));
+    CHILD_CALL("child_group_add", cn_group_add(c, "g", channel, q, NULL, &op));
+    CHILD_CALL("child_group_discard", cn_group_discard(c, "g", channel));
+    CHILD_CALL("child_flush", cn_flush(c));
+    CHILD_CALL("child_close", cn_close(c, q, NULL));
+    CHILD_CALL("child_queue_free", cn_queue_free(q));
+    if (name != NULL || json != NULL || data != NULL || len != SENTINEL || count != SENTINEL ||
+        c2 != SENTINEL || q2 != SENTINEL || op != SENTINEL || res[0].op != 0) {
         report("child_out_params", 0, "an out-parameter was set in the child");
     }
     fflush(stdout);
     _exit(g_failed > 100 ? 100 : g_failed); /* no atexit handlers, no Go runtime */
 }
 
+/* The parent still works after the fork: a round trip on its own channel through its queue. */
+static void parent_round_trip(hq_t *h, cn_client c, const char *channel) {
+    char detail[600];
+    const uint8_t *data = NULL;
+    size_t len = 0;
+    cn_op op = 0;
+    hq_got g;
+    cn_status st;
+    hq_got_init(&g);
+    st = cn_receive(c, channel, h->q, NULL, &data, &len, &op);
+    if (st == CN_PENDING) {
+        cn_op sop = 0;
+        cn_status sent = hq_settle(h, cn_send(c, channel, body, sizeof body, h->q, NULL, &sop),
+                                   sop, 10000, NULL);
+        st = sent != CN_OK ? sent : hq_settle(h, CN_PENDING, op, 10000, &g);
+        data = g.data;
+        len = g.len;
+    }
+    if (st != CN_OK) {
+        snprintf(detail, sizeof detail, "%d (%s): %s", (int)st, cn_status_text(st),
+                 cn_last_error());
+        report("parent_round_trip", 0, detail);
+    } else if (data == NULL || len != sizeof body || memcmp(data, body, len) != 0) {
+        report("parent_round_trip", 0, "the body came back different");
+    } else {
+        report("parent_round_trip", 1, "");
+    }
+    hq_got_clear(&g);
+}
+
 int main(int argc, char **argv) {
-    char cfg[300], detail[600], *channel = NULL;
+    char cfg[300], detail[600], channel[128], *name = NULL;
     cn_client c = 0;
+    hq_t h;
+    hq_got g;
+    cn_op op = 0;
     pid_t pid;
     int status = 0, waited = 0;
     double deadline;
+    cn_status st;
     if (argc < 2) {
         fprintf(stderr, "usage: %s NATS_URL\n", argv[0]);
         return 2;
     }
     alarm(60);
-    snprintf(cfg, sizeof cfg, "{\"servers\": [\"%s\"], \"prefix\": \"fork%ld\"}", argv[1],
+    hq_got_init(&g);
+    snprintf(cfg, sizeof cfg,
+             "{\"servers\": [\"%s\"], \"prefix\": \"fork%ld\", \"connect_deadline\": 20}", argv[1],
              (long)getpid());
-    if (cn_connect(cfg, NULL, NULL, NULL, NULL, &c) != CN_OK ||
-        cn_new_channel(c, NULL, NULL, NULL, &channel, NULL) != CN_OK) {
-        snprintf(detail, sizeof detail, "%s", cn_last_error());
+    st = hq_open(&h);
+    if (st == CN_OK) {
+        st = hq_settle(&h, cn_connect(cfg, NULL, NULL, h.q, NULL, &c), c, 20000, NULL);
+    }
+    channel[0] = '\0';
+    if (st == CN_OK) {
+        /* at once (the name is ours: cn_free) or pending (the result's text, lent: copied) */
+        st = cn_new_channel(c, NULL, h.q, NULL, &name, &op);
+        if (st == CN_OK) {
+            snprintf(channel, sizeof channel, "%s", name);
+        } else if ((st = hq_settle(&h, st, op, 10000, &g)) == CN_OK) {
+            snprintf(channel, sizeof channel, "%.127s", g.text);
+        }
+        cn_free(name);
+    }
+    if (st != CN_OK) {
+        snprintf(detail, sizeof detail, "%d (%s): %s", (int)st, cn_status_text(st), cn_last_error());
         report("parent_connect", 0, detail);
         printf("%d passed, %d failed\n", g_passed, g_failed);
         return 1;
@@ -137,7 +188,7 @@ int main(int argc, char **argv) {
         snprintf(detail, sizeof detail, "fork: %s", strerror(errno));
         report("fork", 0, detail);
     } else if (pid == 0) {
-        child(c, channel, argv[1]);
+        child(h.q, h.wr, c, channel, argv[1]);
     } else {
         /* wait for the child, at most 10 s; its own alarm(5) should end it long before */
         deadline = now_s() + 10;
@@ -150,10 +201,7 @@ int main(int argc, char **argv) {
             if (w < 0 && errno != EINTR) {
                 break;
             }
-            {
-                struct timespec ts = {0, 10 * 1000000L};
-                nanosleep(&ts, NULL);
-            }
+            hq_sleep_ms(10);
         }
         if (!waited) {
             kill(pid, SIGKILL);
@@ -178,33 +226,15 @@ int main(int argc, char **argv) {
         }
     }
 
-    /* the parent still works: a round trip on its own channel */
-    {
-        uint8_t *data = NULL;
-        size_t len = 0;
-        cn_status st = cn_send(c, channel, body, sizeof body, NULL, NULL, NULL);
-        if (st == CN_OK) {
-            st = cn_receive(c, channel, NULL, NULL, &data, &len, NULL); /* waiting form */
-        }
-        if (st != CN_OK) {
-            snprintf(detail, sizeof detail, "%d (%s): %s", (int)st, cn_status_text(st),
-                     cn_last_error());
-            report("parent_round_trip", 0, detail);
-        } else if (len != sizeof body || memcmp(data, body, len) != 0) {
-            report("parent_round_trip", 0, "the body came back different");
-        } else {
-            report("parent_round_trip", 1, "");
-        }
-        cn_free(data);
+    parent_round_trip(&h, c, channel);
+    hq_got_clear(&g);
+    st = hq_settle(&h, cn_close(c, h.q, NULL), c, 20000, &g);
+    if (st != CN_OK) {
+        snprintf(detail, sizeof detail, "%d (%s)", (int)st, cn_status_text(st));
     }
-    cn_free(channel);
-    {
-        cn_status st = cn_close(c, NULL, NULL);
-        if (st != CN_OK) {
-            snprintf(detail, sizeof detail, "%d (%s)", (int)st, cn_status_text(st));
-        }
-        report("parent_close", st == CN_OK, detail);
-    }
+    report("parent_close", st == CN_OK, detail);
+    hq_got_clear(&g);
+    hq_close(&h);
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }

@@ -2,7 +2,8 @@
 # The C harness of the channels-nats C ABI, against a real nats-server (make test-c).
 #
 #   1. builds into build/ctest/: abi_check and fork_check (linked against the library in
-#      build/<goos>-<goarch>/, found through -rpath), the header as C99 and as C++;
+#      build/<goos>-<goarch>/, found through -rpath; both include queue_host.h, the host side of a
+#      result queue: a pipe, poll(), cn_queue_take), the header as C99 and as C++;
 #   2. starts build/nats-server on a free loopback port (stopped on exit);
 #   3. runs abi_check, fork_check, and abi_check again under valgrind (errors and
 #      definitely/indirectly lost memory), plus a valgrind leak self-test;

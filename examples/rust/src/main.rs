@@ -1,16 +1,19 @@
 //! One round trip through channels-nats from Rust: connect, make a process channel, add it to
-//! the group "chat", send a message to the group and receive it back on the channel.
+//! the group "chat", send a message to the group and receive it back on the channel, with every
+//! pending operation's result coming through one result queue.
 //!
 //! Usage: CN_LIB=path/to/libchannels_nats.so cargo run --release -- [nats-url]
 
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::thread;
 use std::time::Duration;
 
-use channels_nats_example::{Client, Library};
+use channels_nats_example::{Client, Library, Queue};
 use rmpv::Value;
+
+/// How long a pending operation may take before the example gives up.
+const WAIT: Duration = Duration::from_secs(10);
 
 fn main() -> ExitCode {
     match run() {
@@ -27,11 +30,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let lib = Library::load(&library_path())?;
     println!("channels-nats {}, server {url}", lib.version());
 
+    // Every pending operation reports to this queue; the calls below wait on it for their own.
+    let mut queue = Queue::new(lib)?;
     // The configuration is the JSON form of the Django CONFIG block.
-    let client = Client::connect(lib, &format!(r#"{{"servers": [{}]}}"#, json_string(&url)))?;
-    let channel = client.new_channel()?;
+    let config = format!(r#"{{"servers": [{}]}}"#, json_string(&url));
+    let client = Client::connect(lib, &mut queue, &config, WAIT)?;
+    let channel = client.new_channel(&mut queue, WAIT)?;
     println!("channel: {channel}");
-    client.group_add("chat", &channel)?;
+    client.group_add(&mut queue, "chat", &channel, WAIT)?;
 
     // The body of every Channels message is a msgpack map with string keys.
     let message =
@@ -39,19 +45,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut body = Vec::new();
     rmpv::encode::write_value(&mut body, &message)?;
 
-    // Client is Send + Sync: receive on one thread while this one sends. The short pause lets
-    // the receive start waiting first, so its callback gets the message (either order works).
-    let received = thread::scope(|s| {
-        let receiver = s.spawn(|| client.receive(&channel, Duration::from_secs(5)));
-        thread::sleep(Duration::from_millis(100));
-        client.group_send("chat", &body)?;
-        receiver.join().expect("the receiver thread panicked")
-    })?;
+    // Start the receive first, so that it waits in the channel's mailbox; then send, then wait
+    // for the receive's result (the message) in the queue.
+    let receiving = client.start_receive(&mut queue, &channel)?;
+    client.group_send(&mut queue, "chat", &body, WAIT)?;
+    let received = client.finish_receive(&mut queue, receiving, Duration::from_secs(5))?;
 
     let received = rmpv::decode::read_value(&mut received.as_slice())?;
     let text = received["text"].as_str().ok_or("the message has no str field \"text\"")?;
     println!("received: {text}");
-    Ok(()) // dropping `client` closes it
+    client.close(&mut queue, WAIT)?; // the result is the final statistics, unused here
+    Ok(())
 }
 
 /// CN_LIB, else the library `make lib` builds: ../../build/<goos>-<goarch>/ from this crate.
