@@ -12,7 +12,7 @@ ARGS        ?=
 FUZZTIME    ?= 8s
 
 .DEFAULT_GOAL := help
-.PHONY: help server lib venv lint lint-go lint-py test-go test-py test-c examples install-check wheels wheels-check demo demo-check demo-browser bench soak fuzz-smoke fuzz test clean
+.PHONY: help server faultproxy lib venv lint lint-go lint-py test-go test-py test-c examples install-check wheels wheels-check demo demo-check demo-browser bench soak fuzz-smoke fuzz test clean
 
 help: ## List the targets
 	@echo "Targets:"
@@ -23,6 +23,10 @@ help: ## List the targets
 server: ## Build build/nats-server from the nats-server module pinned in go.mod
 	@mkdir -p $(BUILD)
 	$(GO) build -o $(BUILD)/nats-server github.com/nats-io/nats-server/v2
+
+faultproxy: ## Build build/faultproxy, the loopback TCP fault proxy of the tests (stall, delay, cut)
+	@mkdir -p $(BUILD)
+	$(GO) build -o $(BUILD)/faultproxy ./internal/faultproxy/cmd/faultproxy
 
 lib: ## Build the C library and header for this machine into build/<goos>-<goarch>/
 	capi/build.sh
@@ -93,8 +97,9 @@ fuzz-smoke: ## Run every Go fuzz target for FUZZTIME (default 8s)
 fuzz: ## Long fuzz run: fuzz-smoke with FUZZTIME=2m per target
 	@$(MAKE) --no-print-directory fuzz-smoke FUZZTIME=2m
 
-test-py: lib server venv ## The Python package's tests (pytest) against nats-servers built from the Go module
+test-py: lib server faultproxy venv ## The Python package's tests (pytest) against nats-servers built from the Go module
 	cd python && CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) NATS_SERVER=$(abspath $(BUILD)/nats-server) \
+		FAULTPROXY=$(abspath $(BUILD)/faultproxy) \
 		../$(PYTHON) -m pytest $(PYTESTFLAGS)
 
 install-check: venv server ## pip install ./python into a fresh venv (builds the library with Go), then two processes group_send

@@ -9,7 +9,7 @@ this package loads on first use through cffi.
 
 from importlib import metadata
 
-from ._native import ChannelLayerClosed
+from ._native import ChannelLayerClosed, PublishTimeout
 from .layer import NatsChannelLayer
 
 try:
@@ -17,4 +17,4 @@ try:
 except metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+source"
 
-__all__ = ["ChannelLayerClosed", "NatsChannelLayer", "__version__"]
+__all__ = ["ChannelLayerClosed", "NatsChannelLayer", "PublishTimeout", "__version__"]

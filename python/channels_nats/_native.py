@@ -31,7 +31,12 @@ FORK_ERROR = (
 
 
 class ChannelLayerClosed(RuntimeError):
-    """A receive was waiting (or a call was made) while the layer was being closed."""
+    """A call was made, or an operation was waiting, while the layer was being closed."""
+
+
+class PublishTimeout(TimeoutError):
+    """A send waited publish_deadline for room in the outbound buffer: the connection took nothing
+    for that long (a frozen server, a stalled link, an outage). Nothing of the message was sent."""
 
 
 class _State:
@@ -138,8 +143,8 @@ TIMEOUT = 15
 FORKED = 16
 
 
-def error_for(status: int, detail: str) -> BaseException:
-    """The exception a failed call raises."""
+def error_for(status: int, detail: str, publishing: bool = False) -> BaseException:
+    """The exception a failed call raises; publishing tells a send's timeout from others."""
     if status in (INVALID_NAME, INVALID_CONFIG, INVALID_MESSAGE):
         return TypeError(detail)
     if status == MESSAGE_TOO_LARGE:
@@ -151,7 +156,7 @@ def error_for(status: int, detail: str) -> BaseException:
     if status == NO_SERVER:
         return ConnectionError(detail)
     if status == TIMEOUT:
-        return TimeoutError(detail)
+        return PublishTimeout(detail) if publishing else TimeoutError(detail)
     if status == FORKED:
         return RuntimeError(FORK_ERROR)
     detail = detail or f"error {status}"

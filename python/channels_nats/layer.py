@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import json
+import logging
 import re
 import threading
 import weakref
@@ -14,7 +16,7 @@ import msgpack
 from channels.exceptions import ChannelFull, MessageTooLarge
 from channels.layers import BaseChannelLayer
 
-from . import _bridge, _buffers, _native
+from . import _native, _results
 
 CONNECT_OPTIONS = frozenset(
     {
@@ -31,14 +33,79 @@ CONNECT_OPTIONS = frozenset(
         "dont_randomize",
         "reconnect_time_wait",
         "max_reconnect_attempts",
-        "reconnect_buffer_size",
+        "pending_size",
         "connect_timeout",
         "drain_timeout",
         "flush_timeout",
         "pending_msgs_limit",
+        "ping_interval",
+        "max_pings_outstanding",
     }
 )
 """The keys of CONFIG["connect_options"] (the library checks them too)."""
+
+NATS_PY_ALIASES = {
+    "max_outstanding_pings": "max_pings_outstanding",
+    "user_credentials": "creds",
+    "nkeys_seed": "nkey_seed",
+}
+"""Keys of nats-py's connect() that mean the same as one of CONNECT_OPTIONS under another name:
+a connect_options block of the nats-py layer works unchanged."""
+
+NATS_PY_DEFAULTS = {"verbose": False, "pedantic": False, "allow_reconnect": True, "no_echo": False}
+"""Keys of nats-py's connect() that are accepted with their default value only."""
+
+NATS_PY_REFUSED = {
+    "servers": "put the servers in CONFIG['servers']",
+    "tls": "an ssl.SSLContext cannot reach the library; give files with tls_ca, tls_cert and tls_key "
+    "(and a tls:// URL)",
+    "tls_hostname": "connect with the host name the certificate names in the server URL",
+    "error_cb": "the layer logs connection errors on the 'channels_nats' logger; attach a logging handler",
+    "disconnected_cb": "the layer logs disconnects on the 'channels_nats' logger; attach a logging handler",
+    "closed_cb": "the layer logs a closed connection on the 'channels_nats' logger; attach a logging handler",
+    "reconnected_cb": "the layer logs reconnects on the 'channels_nats' logger; attach a logging handler",
+    "discovered_server_cb": "the layer follows the servers a cluster announces by itself",
+    "signature_cb": "give the key with nkey_seed (a file) or the credentials with creds",
+    "user_jwt_cb": "give the JWT and seed with creds (a .creds file)",
+    "nkeys_seed_str": "write the seed to a file and give its path with nkey_seed",
+    "inbox_prefix": "the layer makes no requests, so it has no inboxes",
+    "flusher_queue_size": "outbound data is bounded in bytes by pending_size",
+    "ws_connection_headers": "the layer connects over TCP (nats:// or tls:// URLs), not WebSocket",
+}
+"""Keys of nats-py's connect() that have no equivalent here, with what to write instead."""
+
+
+def _connect_options(given: dict[str, Any]) -> dict[str, Any]:
+    """connect_options for the library: nats-py's names mapped to this layer's, and a TypeError
+    that says what to write instead for a key that has no equivalent."""
+    options: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in NATS_PY_REFUSED:
+            raise TypeError(f"NatsChannelLayer: connect_options key {key!r} is not supported: {NATS_PY_REFUSED[key]}")
+        if key in NATS_PY_DEFAULTS:
+            if value != NATS_PY_DEFAULTS[key]:
+                raise TypeError(_NON_DEFAULT[key])
+            continue  # the default value: nothing to do
+        name = NATS_PY_ALIASES.get(key, key)
+        if name not in CONNECT_OPTIONS:
+            raise TypeError(
+                f"NatsChannelLayer: unknown connect_options key {key!r}; "
+                f"known keys: {', '.join(sorted(CONNECT_OPTIONS))}"
+            )
+        if name in options:
+            raise TypeError(f"NatsChannelLayer: connect_options has both {key!r} and {name!r}, which mean the same")
+        options[name] = value
+    return options
+
+
+_NON_DEFAULT = {
+    "verbose": "NatsChannelLayer: connect_options verbose=True (+OK for every command) is not supported; remove it",
+    "pedantic": "NatsChannelLayer: connect_options pedantic=True is not supported; remove it",
+    "allow_reconnect": "NatsChannelLayer: connect_options allow_reconnect=False is written max_reconnect_attempts=0 "
+    "here (the layer then opens a new connection itself when one is lost)",
+    "no_echo": "NatsChannelLayer: connect_options no_echo=True would keep a process from receiving what it sends "
+    "to its own channels and groups; remove it",
+}
 
 CONFIG_KEYS = (
     "servers",
@@ -49,40 +116,11 @@ CONFIG_KEYS = (
     "channel_capacity",
     "mailbox_grace",
     "release_linger",
+    "connect_deadline",
+    "publish_deadline",
     "connect_options",
 )
 """The keys of a CHANNEL_LAYERS CONFIG block."""
-
-
-class _Connecting(_bridge.Pending):
-    """A connect in progress; every caller that needs the client meanwhile waits for it, on its
-    own loop."""
-
-    def __init__(self, layer: NatsChannelLayer) -> None:
-        self.layer = layer
-        self.client = 0
-        self.status = _native.PENDING
-        self.detail = ""
-        self.waiters: list[tuple[_bridge.LoopInbox, asyncio.Future[None]]] = []
-        self.register()
-
-    def finish(self, status: int, detail: str, body: bytes | None) -> None:
-        layer = self.layer
-        with layer._lock:  # pyright: ignore[reportPrivateUsage]
-            self.status, self.detail = status, detail
-            if layer._connecting is self:  # pyright: ignore[reportPrivateUsage]
-                layer._connecting = None  # pyright: ignore[reportPrivateUsage]
-                if status == _native.OK:
-                    layer._buffers = _buffers.ReceiveBuffers(self.client, layer.expiry)  # pyright: ignore[reportPrivateUsage]
-                    layer._client = self.client  # pyright: ignore[reportPrivateUsage]
-            waiters, self.waiters = self.waiters, []
-        for inbox, future in waiters:
-            inbox.push(lambda f=future: None if f.done() else f.set_result(None))
-
-    def result(self) -> int:
-        if self.status != _native.OK:
-            _native.raise_for(self.status, self.detail)
-        return self.client
 
 
 class NatsChannelLayer(BaseChannelLayer):
@@ -107,6 +145,8 @@ class NatsChannelLayer(BaseChannelLayer):
         channel_capacity: dict[Any, int] | list[dict[str, Any]] | None = None,
         mailbox_grace: float = 60,
         release_linger: float = 0.3,
+        connect_deadline: float = 5,
+        publish_deadline: float = 10,
         connect_options: dict[str, Any] | None = None,
         **unknown: Any,
     ) -> None:
@@ -122,13 +162,7 @@ class NatsChannelLayer(BaseChannelLayer):
         # describe the uncompiled dict).
         self.channel_capacity = self.compile_capacities(capacities)  # pyright: ignore[reportAttributeAccessIssue]
         self.group_expiry = group_expiry
-        options = dict(connect_options or {})
-        bad = sorted(set(options) - CONNECT_OPTIONS)
-        if bad:
-            raise TypeError(
-                f"NatsChannelLayer: unknown connect_options key(s) {', '.join(bad)}; "
-                f"known keys: {', '.join(sorted(CONNECT_OPTIONS))}"
-            )
+        options = _connect_options(connect_options or {})
         if isinstance(servers, str):
             servers = [servers]
         if not servers or not all(isinstance(s, str) for s in servers):
@@ -142,9 +176,11 @@ class NatsChannelLayer(BaseChannelLayer):
             "channel_capacity": _capacity_rules(capacities),
             "mailbox_grace": mailbox_grace,
             "release_linger": release_linger,
+            "connect_deadline": connect_deadline,
+            "publish_deadline": publish_deadline,
             "connect_options": options,
         }
-        for key in ("expiry", "group_expiry", "capacity", "mailbox_grace", "release_linger"):
+        for key in _NUMBERS:
             value = config[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise TypeError(f"NatsChannelLayer: {key} must be a number >= 0, not {value!r}")
@@ -153,7 +189,8 @@ class NatsChannelLayer(BaseChannelLayer):
         self._lock = threading.Lock()
         self._client = 0
         self._connecting: _Connecting | None = None
-        self._buffers: _buffers.ReceiveBuffers | None = None  # of the current client
+        self._channel_names: dict[str, bytes] = {}  # names checked once, encoded for the library
+        self._group_names: dict[str, bytes] = {}
         _open_layers.add(self)
 
     # ---- names --------------------------------------------------------------------------------
@@ -174,6 +211,21 @@ class NatsChannelLayer(BaseChannelLayer):
         _require_subject_tokens("Group", str(name))
         return True
 
+    def _channel(self, name: str) -> bytes:
+        """The checked, encoded form of a channel name."""
+        encoded = self._channel_names.get(name) if type(name) is str else None
+        if encoded is None:
+            self.require_valid_channel_name(name)
+            encoded = _remember(self._channel_names, name)
+        return encoded
+
+    def _group(self, name: str) -> bytes:
+        encoded = self._group_names.get(name) if type(name) is str else None
+        if encoded is None:
+            self.require_valid_group_name(name)
+            encoded = _remember(self._group_names, name)
+        return encoded
+
     # ---- connection -------------------------------------------------------------------------
 
     async def _connection(self) -> int:
@@ -181,149 +233,98 @@ class NatsChannelLayer(BaseChannelLayer):
         if self._client:
             return self._client
         ffi, lib = _native.load()
-        complete, log = _bridge.callbacks()
-        loop = asyncio.get_running_loop()
+        queue = _results.for_running_loop()
         with self._lock:
             if self._client:
                 return self._client
             attempt = self._connecting
             if attempt is None:
-                attempt = self._connecting = _Connecting(self)
                 handle = ffi.new("cn_client *")
-                status = lib.cn_connect(self._config, log, ffi.NULL, complete, attempt.closure(), handle)
-                attempt.client = int(handle[0])
-                if status != _native.PENDING:  # refused before it started
-                    attempt.forget()
-                    self._connecting = None
-                    _native.check(status)
-                # Results of this client's operations wait in the process's result queue until
-                # an event loop takes them: no library thread enters Python for a message.
-                _native.check(lib.cn_set_result_queue(attempt.client, _bridge.results().handle))
-            waiter: asyncio.Future[None] = loop.create_future()
-            attempt.waiters.append((_bridge.inbox_for(loop), waiter))
-        await waiter
-        return attempt.result()
+                _native.check(lib.cn_connect(self._config, _log_callback(), ffi.NULL, queue.handle, ffi.NULL, handle))
+                attempt = self._connecting = _Connecting(self, int(handle[0]), queue)
+        return await attempt.wait()
+
+    def _connected(self, attempt: _Connecting, ok: bool) -> None:
+        with self._lock:
+            if self._connecting is attempt:
+                self._connecting = None
+                if ok:
+                    self._client = attempt.client
 
     # ---- channels ---------------------------------------------------------------------------
 
     async def new_channel(self, prefix: str = "specific") -> str:
         """A new process channel name of this client, with its mailbox ready (S1)."""
         prefix = prefix.rstrip(".!")
-        client = await self._connection()
+        client = self._client or await self._connection()
         ffi, lib = _native.load()
+        queue = _results.for_running_loop()
         out = ffi.new("char **")
-        detail, _ = await self._call(
-            lambda complete, closure, op: lib.cn_new_channel(client, prefix.encode(), complete, closure, out, op),
-            client,
-        )
-        if out[0] != ffi.NULL:
+        status = lib.cn_new_channel(client, prefix.encode(), queue.handle, ffi.NULL, out, queue.op)
+        if status == _native.OK:
             name = _native.text(out[0])
             lib.cn_free(out[0])
             return name
-        return detail
+        _native.check(status)
+        return await _wait(queue, queue.op[0], client)
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
-        """Sends a message to a channel; a message nobody receives is lost (S1)."""
-        assert isinstance(message, dict), "message is not a dict"
-        self.require_valid_channel_name(channel)
-        assert "__asgi_channel__" not in message, "the __asgi_channel__ key is reserved"
-        _, lib = _native.load()
-        await self._publish(lib.cn_send, channel, _pack(message))
+        """Sends a message to a channel; a message nobody receives is lost (S1). Waits only while
+        the outbound buffer is full (PublishTimeout after publish_deadline)."""
+        name = self._channel(channel)
+        body = _pack(message)
+        client = self._client or await self._connection()
+        ffi, lib = _native.load()
+        queue = _results.for_running_loop()
+        status = lib.cn_send(client, name, body, len(body), queue.handle, ffi.NULL, queue.op)
+        if status != _native.OK:
+            await _published(status, queue, client)
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
-        buffers = self._buffers
-        buffer = buffers.by_channel.get(channel) if buffers is not None and type(channel) is str else None
-        if buffer is not None:  # a channel with a buffer was checked before
-            assert buffers is not None
-            buffered = buffers.take(buffer)
-            if buffered is not None:
-                return msgpack.unpackb(buffered, raw=False)
-        else:
-            self.require_valid_channel_name(channel)
+        name = self._channel(channel)
         client = self._client or await self._connection()
-        buffers = self._buffers
-        if buffers is not None and "!" in channel:
-            got = buffers.next(channel, asyncio.get_running_loop())
-            if type(got) is bytes:
-                return msgpack.unpackb(got, raw=False)
-            if got is not None:  # None: no stream yet, the classic receive below subscribes
-                assert isinstance(got, asyncio.Future)
-                try:
-                    _, body = await got
-                except asyncio.CancelledError:
-                    buffers.withdraw(channel, got)
-                    raise
-                return msgpack.unpackb(body, raw=False)
         ffi, lib = _native.load()
-        complete, _ = _bridge.callbacks()
-        name = channel.encode()
-        scratch = _scratch()
-        token = _bridge.next_token()
-        status = lib.cn_receive(client, name, complete, _bridge.closure(token), scratch.body, scratch.len, scratch.op)
-        if status == _native.OK:  # a message was waiting: a backlog, worth taking ahead
-            body = scratch.body[0]
-            try:
-                message = msgpack.unpackb(ffi.buffer(body, scratch.len[0]), raw=False)
-            finally:
-                lib.cn_free(body)
-            if buffers is not None and "!" in channel:
-                buffers.fill(channel)
-            return message
+        queue = _results.for_running_loop()
+        status = lib.cn_receive(client, name, queue.handle, ffi.NULL, queue.body, queue.len, queue.op)
+        if status == _native.OK:  # a message was waiting, lent until the queue's next call
+            return msgpack.unpackb(ffi.buffer(queue.body[0], queue.len[0]), raw=False)
         _native.check(status)
-
-        def put_back(status: int, body: bytes | None) -> None:
-            if status == _native.OK and body is not None:
-                lib.cn_put_back(client, name, body, len(body))
-
-        op = scratch.op[0]
-        completion = _bridge.Completion(token, put_back)
-        try:  # inline, not through _wait: this is the hot path of every fan-out
-            _, body = await completion.future
-        except asyncio.CancelledError:
-            _withdraw(completion, client, op)
-            raise
-        assert body is not None
-        return msgpack.unpackb(body, raw=False)
+        return await _wait(queue, queue.op[0], client)
 
     # ---- groups -----------------------------------------------------------------------------
 
     async def group_add(self, group: str, channel: str) -> None:
         """Adds a channel to a group in this process; returns once the server confirmed (S1)."""
-        self.require_valid_group_name(group)
-        self.require_valid_channel_name(channel)
-        client = await self._connection()
-        _, lib = _native.load()
-
-        def leave(status: int, _body: bytes | None) -> None:
-            if status == _native.OK:  # it completed for a caller that was cancelled: undo it (S14)
-                lib.cn_group_discard(client, group.encode(), channel.encode())
-
-        await self._call(
-            lambda complete, closure, op: lib.cn_group_add(
-                client, group.encode(), channel.encode(), complete, closure, op
-            ),
-            client,
-            abandon=leave,
-        )
+        group_name, channel_name = self._group(group), self._channel(channel)
+        client = self._client or await self._connection()
+        ffi, lib = _native.load()
+        queue = _results.for_running_loop()
+        status = lib.cn_group_add(client, group_name, channel_name, queue.handle, ffi.NULL, queue.op)
+        if status != _native.OK:
+            _native.check(status)
+            await _wait(queue, queue.op[0], client)
 
     async def group_discard(self, group: str, channel: str) -> None:
         """Removes a channel from a group in this process."""
-        self.require_valid_group_name(group)
-        self.require_valid_channel_name(channel)
+        group_name, channel_name = self._group(group), self._channel(channel)
         if not self._client:
             return  # no client, no membership
         _, lib = _native.load()
-        status = lib.cn_group_discard(self._client, group.encode(), channel.encode())
+        status = lib.cn_group_discard(self._client, group_name, channel_name)
         if status != _native.CLOSED:
             _native.check(status)
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         """Sends a message to every member of a group, in every process: one publish."""
-        assert isinstance(message, dict), "message is not a dict"
-        self.require_valid_group_name(group)
-        _, lib = _native.load()
-        await self._publish(lib.cn_group_send, group, _pack(message))
+        name = self._group(group)
+        body = _pack(message)
+        client = self._client or await self._connection()
+        ffi, lib = _native.load()
+        queue = _results.for_running_loop()
+        status = lib.cn_group_send(client, name, body, len(body), queue.handle, ffi.NULL, queue.op)
+        if status != _native.OK:
+            await _published(status, queue, client)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -332,8 +333,6 @@ class NatsChannelLayer(BaseChannelLayer):
         client = self._client
         if not client:
             return
-        if self._buffers is not None:
-            self._buffers.flush()  # what they hold is emptied with the mailboxes
         _, lib = _native.load()
         status = lib.cn_flush(client)
         if status not in (_native.OK, _native.CLOSED):
@@ -341,25 +340,22 @@ class NatsChannelLayer(BaseChannelLayer):
 
     async def close(self) -> None:
         """Closes the connection (S16): waiting receives end with ChannelLayerClosed, buffered
-        publishes are drained within drain_timeout. Never raises. The next call reconnects."""
+        publishes are written within drain_timeout (what is not is counted and logged). Never
+        raises. The next call reconnects."""
         with self._lock:
             client, self._client = self._client, 0
             attempt, self._connecting = self._connecting, None
-            buffers, self._buffers = self._buffers, None
         if attempt is not None:
             client = attempt.client  # abandon the connect in progress
         if not client or _native.forked():
             return  # a forked child cannot reach its parent's client: there is nothing to close
-        if buffers is not None:  # the close accounts for buffered messages with the mailboxes
-            buffers.close(_native.ChannelLayerClosed("channels_nats: the layer is closed"))
-        _, lib = _native.load()
-        complete, _ = _bridge.callbacks()
-        done = _bridge.Completion()
-        status = lib.cn_close(client, complete, done.closure())
-        if status == _native.PENDING:
-            await asyncio.shield(done.future)
-        else:
-            done.forget()
+        ffi, lib = _native.load()
+        queue = _results.for_running_loop()
+        if lib.cn_close(client, queue.handle, ffi.cast("void *", _results.CLOSE)) != _native.PENDING:
+            return  # closed already
+        closed: asyncio.Future[None] = queue.loop.create_future()
+        queue.closing[client] = closed
+        await asyncio.shield(closed)
 
     def stats(self) -> dict[str, Any]:
         """The counters of this layer's client (S20), or {} before it connected."""
@@ -374,84 +370,89 @@ class NatsChannelLayer(BaseChannelLayer):
         finally:
             lib.cn_free(out[0])
 
-    # ---- plumbing ---------------------------------------------------------------------------
 
-    async def _call(self, start: Any, client: int, abandon: _bridge.Abandon | None = None) -> tuple[str, bytes | None]:
-        """Starts an operation with start(callback, closure, op); awaits its result only when it
-        could not finish at once. Returns (text, body) of a pending operation, or ("", None)."""
-        complete, _ = _bridge.callbacks()
-        token, op = _bridge.next_token(), _scratch().op
-        status = start(complete, _bridge.closure(token), op)
-        if status != _native.PENDING:
-            _native.check(status)
-            return "", None
-        return await self._wait(token, op[0], client, abandon)
+class _Connecting:
+    """A connect in progress; every caller that needs the client meanwhile waits for it, on its
+    own loop. The result arrives in the queue of the loop that started it."""
 
-    async def _publish(self, publish: Any, target: str, body: bytes) -> None:
-        """cn_send or cn_group_send of body to target; waits only when the library must."""
-        client = self._client or await self._connection()
-        complete, _ = _bridge.callbacks()
-        token, op = _bridge.next_token(), _scratch().op
-        status = publish(client, target.encode(), body, len(body), complete, _bridge.closure(token), op)
-        if status != _native.PENDING:
-            _native.check(status)
-            return
-        await self._wait(token, op[0], client)
+    def __init__(self, layer: NatsChannelLayer, client: int, queue: _results.LoopQueue) -> None:
+        self.layer = layer
+        self.client = client
+        self.result: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.result.add_done_callback(self._done)
+        queue.waiting[client] = (self.result, client, False)
 
-    async def _wait(
-        self, token: int, op: int, client: int, abandon: _bridge.Abandon | None = None
-    ) -> tuple[str, bytes | None]:
-        """Awaits the result of the pending operation op (started with token as its closure)."""
-        completion = _bridge.Completion(token, abandon)
-        try:
-            return await completion.future
-        except asyncio.CancelledError:
-            _withdraw(completion, client, op)
-            raise
+    def _done(self, result: concurrent.futures.Future[None]) -> None:
+        self.layer._connected(self, result.exception() is None)  # pyright: ignore[reportPrivateUsage]
+
+    async def wait(self) -> int:
+        await asyncio.shield(asyncio.wrap_future(self.result))
+        return self.client
 
 
-def _withdraw(completion: _bridge.Completion, client: int, op: int) -> None:
-    """The task awaiting a pending operation was cancelled: withdraw the operation, or hand a
-    result that came anyway to the completion's abandon hook (a message goes back, S14)."""
-    future = completion.future
-    if future.done() and not future.cancelled():
-        # The result arrived, but the task was cancelled before it could resume: nobody takes
-        # it, so it is returned.
-        if future.exception() is None:
-            completion.give_up(_native.OK, future.result()[1])
-        return
-    _, lib = _native.load()
-    if lib.cn_cancel(client, op) == _native.OK:
-        completion.forget()  # withdrawn: no result will come
-    else:
-        # It finished, and its result is in the queue already: take it now, so that settle()
-        # finds the future cancelled and hands it to abandon.
-        _bridge.results().take()
+async def _wait(queue: _results.LoopQueue, op: int, client: int, publishing: bool = False) -> Any:
+    """Awaits the result of pending operation op. A cancelled caller withdraws it; if its result
+    had come already, the library takes it back (a message returns to its mailbox, a membership is
+    removed), because the caller sees CancelledError instead (S14)."""
+    future = queue.expect(op, client, publishing)
+    try:
+        return await future
+    except asyncio.CancelledError:
+        queue.waiting.pop(op, None)
+        _, lib = _native.load()
+        lib.cn_cancel(client, op)
+        raise
 
 
-class _Scratch(threading.local):
-    """Out-parameters for the library, allocated once per thread: every call reads them right
-    after it returns, before anything else can run on that thread."""
+async def _published(status: int, queue: _results.LoopQueue, client: int) -> None:
+    """The rest of a send that was not accepted at once: it waits for room, or raises."""
+    if status != _native.PENDING:
+        _native.raise_for(status, _native.last_error())
+    await _wait(queue, queue.op[0], client, publishing=True)
 
-    def __init__(self) -> None:
+
+_NUMBERS = (
+    "expiry",
+    "group_expiry",
+    "capacity",
+    "mailbox_grace",
+    "release_linger",
+    "connect_deadline",
+    "publish_deadline",
+)
+
+_NAMES_KEPT = 4096
+"""At most this many checked names are remembered per kind; then the memory starts over."""
+
+
+def _remember(names: dict[str, bytes], name: str) -> bytes:
+    if len(names) >= _NAMES_KEPT:
+        names.clear()
+    encoded = names[name] = name.encode()
+    return encoded
+
+
+class _LogCallback:
+    value: Any = None
+
+
+_log_holder = _LogCallback()
+
+
+def _log_callback() -> Any:
+    """The C callback for log records, made once per process (each costs executable memory in
+    cffi's ABI mode)."""
+    if _log_holder.value is None:
         ffi, _ = _native.load()
-        self.op = ffi.new("cn_op *")
-        self.body = ffi.new("uint8_t **")
-        self.len = ffi.new("size_t *")
+        _log_holder.value = ffi.callback("void(void *, int, const char *)", _on_log)
+    return _log_holder.value
 
 
-class _ScratchHolder:
-    value: _Scratch | None = None
+def _on_log(_closure: Any, level: int, message: Any) -> None:
+    logger.log(level, _native.text(message))
 
 
-_scratch_holder = _ScratchHolder()
-
-
-def _scratch() -> _Scratch:
-    if _scratch_holder.value is None:
-        _scratch_holder.value = _Scratch()  # threading.local: each thread gets its own fields
-    return _scratch_holder.value
-
+logger = logging.getLogger("channels_nats")
 
 _PLAIN_GROUP = re.compile(r"[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)*")
 _PLAIN_CHANNEL = re.compile(r"[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)*(?:![A-Za-z0-9_\-.]*)?")
@@ -470,6 +471,12 @@ def _require_subject_tokens(kind: str, part: str) -> None:
 
 
 def _pack(message: dict[str, Any]) -> bytes:
+    """The wire form of a message (S8). Refused before any I/O with TypeError: what is not a dict,
+    the reserved key, and values msgpack cannot carry (the library checks the rest)."""
+    if type(message) is not dict and not isinstance(message, dict):
+        raise TypeError(f"channels_nats: a message must be a dict, not {type(message).__name__}")
+    if "__asgi_channel__" in message:
+        raise TypeError("channels_nats: the message key __asgi_channel__ is reserved for Channels")
     try:
         return cast(bytes, msgpack.packb(message, use_bin_type=True))
     except (TypeError, ValueError, OverflowError) as e:
@@ -515,12 +522,12 @@ _open_layers: weakref.WeakSet[NatsChannelLayer] = weakref.WeakSet()
 
 @atexit.register
 def _close_at_exit() -> None:
-    """Closes every client before the interpreter goes away, so no library thread calls into a
-    finalizing interpreter."""
+    """Closes every client (bounded by its drain) and frees every result queue before the
+    interpreter goes away, so no library thread calls into a finalizing interpreter."""
     if _native._state.lib is None or _native._state.forked:  # pyright: ignore[reportPrivateUsage]
         return
-    ffi, lib = _native.load()
     for layer in list(_open_layers):
         client, layer._client = layer._client, 0  # pyright: ignore[reportPrivateUsage]
         if client:
-            lib.cn_close(client, ffi.NULL, ffi.NULL)
+            _results.wait_blocking(client, timeout=10)
+    _results.free_all()

@@ -232,3 +232,52 @@ def test_child_forked_before_loading_works_normally(nats_url: str) -> None:
     )
     assert reports["parent"] == {"loaded_before_fork": False, "child_status": 0, "worked": True}
     assert reports["child"] == {"worked": True, "second": True, "loaded": True}
+
+
+def test_a_forked_child_receives_nothing_of_its_parent(nats_url: str) -> None:
+    """S2, S21: messages wait only in the library's mailboxes, which a forked child cannot reach.
+    With messages waiting (and some received before the fork), the child's receive() raises the
+    fork error and gets none of them; the parent gets each of them once."""
+    reports = run(
+        """
+        from channels_nats import NatsChannelLayer
+        layer = NatsChannelLayer(servers=[URL])
+
+        async def prepare():
+            channel = await layer.new_channel()
+            for n in range(6):
+                await layer.send(channel, {"type": "n", "n": n})
+            first = [(await asyncio.wait_for(layer.receive(channel), 10))["n"] for _ in range(2)]
+            return channel, first
+
+        channel, first = asyncio.run(prepare())
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)
+            try:
+                got = asyncio.run(layer.receive(channel))
+                outcome = "received " + repr(got)
+            except BaseException as e:
+                outcome = type(e).__name__ + ": " + str(e)
+            report("child", outcome=outcome)
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+
+        async def rest():
+            got = [(await asyncio.wait_for(layer.receive(channel), 10))["n"] for _ in range(4)]
+            try:
+                extra = await asyncio.wait_for(layer.receive(channel), 0.5)
+            except asyncio.TimeoutError:
+                extra = None
+            await layer.close()
+            return got, extra
+
+        got, extra = asyncio.run(rest())
+        report("parent", status=status, first=first, rest=got, extra=extra)
+        """,
+        nats_url,
+    )
+    assert reports["child"]["outcome"].startswith("RuntimeError: "), reports["child"]
+    assert "fork" in reports["child"]["outcome"]
+    assert reports["parent"] == {"status": 0, "first": [0, 1], "rest": [2, 3, 4, 5], "extra": None}

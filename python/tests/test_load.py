@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import unique
+from conftest import RawPublisher, pack, unique
 
 from channels_nats import NatsChannelLayer
 
@@ -156,3 +156,41 @@ async def test_consumers_connecting_and_leaving_in_waves(make_layer: MakeLayer) 
     )
     assert layer.stats()["dropped"] == dict.fromkeys(after["dropped"], 0)
     assert growth < RSS_GROWTH_LIMIT_KB
+
+
+@pytest.mark.timeout(60)
+async def test_slow_group_members_hold_one_copy_of_each_body(make_layer: MakeLayer, nats_server: Any) -> None:
+    """S2, S9: 50 members of a group that each took one message and then stopped reading get 300
+    group messages of 200 KB. Their mailboxes share each body, and nothing holds messages ahead of
+    a reader: the process grows by less than one copy of every body sent (it held 10 times more
+    when the Python package kept buffers of its own)."""
+    members, messages, size = 50, 300, 200_000
+    layer = make_layer(capacity=100)
+    group = unique("slow")
+    channels = [await layer.new_channel() for _ in range(members)]
+    for channel in channels:
+        await layer.group_add(group, channel)
+    first = [asyncio.ensure_future(layer.receive(channel)) for channel in channels]
+    await asyncio.sleep(0.1)
+    gc.collect()
+    before = rss_kb()
+    publisher = RawPublisher(nats_server.port)
+    try:
+        body = pack({"type": "big", "pad": b"b" * size})
+        for _ in range(messages):
+            publisher.publish(f"channels.grp.{group}", body)
+        publisher.ping()
+    finally:
+        publisher.close()
+    assert all(m["type"] == "big" for m in await asyncio.wait_for(asyncio.gather(*first), 10))
+    del first  # the consumers' own decoded copies (S9) are theirs, not the layer's
+    dropped = members * (messages - 1 - 100)
+    deadline = time.monotonic() + 20
+    while layer.stats()["dropped"]["capacity"] < dropped:
+        assert time.monotonic() < deadline, layer.stats()["dropped"]
+        await asyncio.sleep(0.05)
+    gc.collect()
+    growth = rss_kb() - before
+    print(f"\n[load] {members} slow members, {messages} x {size} B group messages: RSS grew {growth / 1024:.0f} MB")
+    assert layer.stats()["dropped"]["capacity"] == dropped
+    assert growth < messages * size / 1024, f"RSS grew {growth} kB for {messages * size // 1024} kB of bodies"

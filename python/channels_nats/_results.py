@@ -1,0 +1,246 @@
+"""Results of the native library reaching asyncio event loops.
+
+Each event loop that uses the layer has a result queue of its own in the library (cn_queue_new)
+and a socket pair: the library writes a byte to the pair when results wait, and the loop takes
+them on its own thread (add_reader; a watcher thread for loops that have none, the Windows
+proactor). A pending operation is a future of the loop that started it, found by its operation
+handle: a result settles its future where it was taken, with no hop between threads, and no
+library thread ever enters Python for it.
+
+The library lends each message body until the queue's next take or receive: it is decoded
+straight from the library's memory. Nothing waits here; a message that reaches Python is handed
+to its receiver at once, and one whose receiver was cancelled meanwhile is given back with
+cn_cancel. When a loop closes, its queue is freed, and the library withdraws what was pending
+there (a waiting receive loses no message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import select
+import socket
+import struct
+import threading
+from typing import Any
+
+import msgpack
+
+from . import _native
+
+Waiting = tuple["asyncio.Future[Any] | concurrent.futures.Future[Any]", int, bool]
+"""What a pending operation waits with: its future, its client, and whether it is a send."""
+
+TAKE_BATCH = 256
+"""Results taken per cn_queue_take call: each take wakes at most this many tasks, so one loop
+iteration stays short even when thousands of results come at once."""
+
+RESULT = struct.Struct("@QPiPPN")
+"""cn_result as laid out in memory (op, closure, status, text, data, len): read as integers in one
+go, far cheaper than a cffi attribute read per field. Checked against the header on first use."""
+
+CLOSE = 1
+"""The closure of a close: its result has the client handle as op, like the connect's."""
+
+
+class LoopQueue:
+    """The result queue of one event loop, and the operations waiting on it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        ffi, lib = _native.load()
+        if ffi.sizeof("cn_result") != RESULT.size:
+            raise RuntimeError(f"channels_nats: cn_result is {ffi.sizeof('cn_result')} bytes, not {RESULT.size}")
+        self.loop = loop
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        handle = ffi.new("cn_queue *")
+        try:
+            _native.check(lib.cn_queue_new(self._writer.fileno(), handle))
+        except BaseException:
+            self._close_sockets()
+            raise
+        self.handle = int(handle[0])
+        self.waiting: dict[int, Waiting] = {}
+        self.closing: dict[int, asyncio.Future[None]] = {}
+        # Out-parameters of the calls made with this queue: each is read right after its call,
+        # before anything else runs on the loop's thread.
+        self.op = ffi.new("cn_op *")
+        self.body = ffi.new("const uint8_t **")
+        self.len = ffi.new("size_t *")
+        self._results = ffi.new("cn_result[]", TAKE_BATCH)
+        self._count = ffi.new("size_t *")
+        self._results_buffer = ffi.buffer(self._results)
+        self._watcher: threading.Thread | None = None
+        self._freed = False
+        try:
+            loop.add_reader(self._reader.fileno(), self.take)
+        except NotImplementedError:  # a proactor loop: a thread watches for it
+            self._watcher = threading.Thread(target=self._watch, name="channels_nats results", daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        """For loops without add_reader: wakes the loop to take when the library signals."""
+        taken = threading.Event()
+
+        def take() -> None:
+            taken.set()
+            self.take()
+
+        while not self._freed:
+            try:
+                select.select([self._reader], [], [], 1.0)
+                if self._freed:
+                    return
+                taken.clear()
+                self.loop.call_soon_threadsafe(take)
+            except (OSError, ValueError, RuntimeError):  # the pair or the loop was closed
+                return
+            taken.wait(1.0)
+
+    def expect(self, op: int, client: int, publishing: bool = False) -> asyncio.Future[Any]:
+        """A future of this loop for the result of pending operation op."""
+        future: asyncio.Future[Any] = self.loop.create_future()
+        self.waiting[op] = (future, client, publishing)
+        return future
+
+    def take(self) -> None:
+        """Takes the results in the queue and settles their operations (on the loop's thread).
+
+        One batch per call: a full batch schedules the next take behind the tasks it woke. A
+        task cancelled before it resumed gives its result back with cn_cancel, which the library
+        accepts until this queue's next take: so every woken task runs before that."""
+        if self._freed:
+            return
+        try:
+            while self._reader.recv(4096):  # first the signal bytes, then the results: none is missed
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        ffi, lib = _native.load()
+        _native.check(lib.cn_queue_take(self.handle, self._results, TAKE_BATCH, self._count))
+        n = self._count[0]
+        if n:
+            self._settle(ffi, lib, RESULT.iter_unpack(self._results_buffer[: n * RESULT.size]))
+        if n == TAKE_BATCH:
+            self.loop.call_soon(self.take)
+
+    def _settle(self, ffi: Any, lib: Any, records: Any) -> None:
+        waiting, unpackb = self.waiting, msgpack.unpackb
+        last_data, buffer = 0, None
+        for op, closure, status, text, data, length in records:
+            if closure == CLOSE:
+                closed = self.closing.pop(op, None)
+                if closed is not None and not closed.done():
+                    closed.set_result(None)
+                continue
+            entry = waiting.pop(op, None)
+            if entry is None:
+                continue
+            future, client, publishing = entry
+            if future.done():  # its caller was cancelled before the result came: give it back
+                lib.cn_cancel(client, op)
+            elif status != _native.OK:
+                detail = _native.text(ffi.cast("char *", text)) if text else ""
+                future.set_exception(_native.error_for(status, detail, publishing))
+            elif data:
+                if data != last_data:  # the members of one group message share its body
+                    last_data, buffer = data, ffi.buffer(ffi.cast("uint8_t *", data), length)
+                future.set_result(unpackb(buffer, raw=False))
+            else:
+                future.set_result(_native.text(ffi.cast("char *", text)) if text else None)
+
+    def free(self) -> None:
+        """Ends the queue (its loop closes): the library withdraws what was pending here."""
+        if self._freed:
+            return
+        self._freed = True
+        if self._watcher is None:
+            try:
+                self.loop.remove_reader(self._reader.fileno())
+            except (RuntimeError, ValueError, OSError):
+                pass
+        if not _native.forked():
+            _, lib = _native.load()
+            lib.cn_queue_free(self.handle)
+        self._close_sockets()
+        for future, _, _ in self.waiting.values():
+            if not future.done():
+                future.set_exception(_native.ChannelLayerClosed("channels_nats: the event loop of this call closed"))
+        self.waiting.clear()
+
+    def _close_sockets(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
+
+class _Current(threading.local):
+    loop: asyncio.AbstractEventLoop | None = None
+    queue: LoopQueue | None = None
+
+
+_current = _Current()
+_queues: dict[asyncio.AbstractEventLoop, LoopQueue] = {}
+_queues_lock = threading.Lock()
+
+
+def for_running_loop() -> LoopQueue:
+    """The result queue of the running event loop, made on first use."""
+    loop = asyncio.get_running_loop()
+    current = _current
+    if current.loop is loop and current.queue is not None:
+        return current.queue
+    with _queues_lock:
+        queue = _queues.get(loop)
+        if queue is None:
+            queue = _queues[loop] = LoopQueue(loop)
+            _free_on_close(loop, queue)
+    current.loop, current.queue = loop, queue
+    return queue
+
+
+def _free_on_close(loop: asyncio.AbstractEventLoop, queue: LoopQueue) -> None:
+    """Frees queue when loop closes (asyncio.run and async_to_sync make and close loops)."""
+    close = loop.close
+
+    def close_and_free() -> None:
+        with _queues_lock:
+            _queues.pop(loop, None)
+        queue.free()
+        close()
+
+    loop.close = close_and_free  # type: ignore[method-assign]
+
+
+def free_all() -> None:
+    """Frees every queue (the interpreter exits)."""
+    with _queues_lock:
+        queues = list(_queues.values())
+        _queues.clear()
+    for queue in queues:
+        queue.free()
+    _current.loop = _current.queue = None
+
+
+def wait_blocking(client: int, timeout: float) -> None:
+    """Closes client from a thread with no event loop (interpreter exit), waiting at most timeout
+    seconds for the close's result."""
+    ffi, lib = _native.load()
+    reader, writer = socket.socketpair()
+    try:
+        handle = ffi.new("cn_queue *")
+        _native.check(lib.cn_queue_new(writer.fileno(), handle))
+        try:
+            if lib.cn_close(client, handle[0], ffi.cast("void *", CLOSE)) != _native.PENDING:
+                return
+            results, count = ffi.new("cn_result[]", 16), ffi.new("size_t *")
+            while select.select([reader], [], [], timeout)[0]:
+                reader.recv(4096)
+                lib.cn_queue_take(handle[0], results, 16, count)
+                if any(results[i].closure == ffi.cast("void *", CLOSE) for i in range(count[0])):
+                    return
+        finally:
+            lib.cn_queue_free(handle[0])
+    finally:
+        reader.close()
+        writer.close()
