@@ -156,8 +156,7 @@ func publish(h C.cn_client, name *C.char, what string, body *C.uint8_t, n C.size
 	}
 	return start(h, qh, closure, opOut, func(o *op) (*layer.Op, error) {
 		o.sent = true
-		// The layer keeps the body until it is written; the caller may reuse its buffer at once.
-		return send(o.l, target, append([]byte(nil), data...), o.done)
+		return send(o.l, target, data, o.done) // the layer copies the lent body before it returns
 	})
 }
 

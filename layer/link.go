@@ -50,9 +50,17 @@ type link struct {
 
 // linkItem is one queued write: a publish (msg) or a subscription change (run).
 type linkItem struct {
-	msg  *nats.Msg
-	size int
-	run  func(nc *nats.Conn)
+	msg    *nats.Msg
+	size   int
+	pooled bool // msg.Data goes back to the body pool once written (or given up)
+	run    func(nc *nats.Conn)
+}
+
+// release gives a pooled body back once nothing needs it any more.
+func (it linkItem) release() {
+	if it.pooled {
+		releaseBody(it.msg.Data)
+	}
 }
 
 // waitingPublish is a publish that found no room.
@@ -100,14 +108,15 @@ func (k *link) signal() {
 func generation(nc *nats.Conn) genKey { return genKey{nc, nc.Stats().Reconnects} }
 
 // publish queues m (size bytes on the wire) or, when there is no room, returns an Op whose done
-// is called once it was queued (nil) or with why it never will be.
-func (k *link) publish(m *nats.Msg, size int, done func(error)) (*Op, error) {
+// is called once it was queued (nil) or with why it never will be. pooled says that m.Data is a
+// body of the pool (copyBody).
+func (k *link) publish(m *nats.Msg, size int, pooled bool, done func(error)) (*Op, error) {
 	k.mu.Lock()
 	if k.refusing {
 		k.mu.Unlock()
 		return nil, ErrClosed
 	}
-	it := linkItem{msg: m, size: size}
+	it := linkItem{msg: m, size: size, pooled: pooled}
 	if len(k.waiting) == 0 && k.fits(size) {
 		k.pushLocked(it)
 		k.accepted++
@@ -159,6 +168,7 @@ func (k *link) forget(w *waitingPublish) {
 	k.mu.Lock()
 	k.unwait(w)
 	k.mu.Unlock()
+	w.item.release()
 }
 
 func (k *link) unwait(w *waitingPublish) {
@@ -180,6 +190,7 @@ func (k *link) expire(w *waitingPublish) {
 	k.timeouts++
 	reason := k.stateLocked()
 	k.mu.Unlock()
+	w.item.release()
 	w.done(&PublishTimeoutError{Subject: w.item.msg.Subject, Deadline: k.deadline, Reason: reason})
 }
 
@@ -289,6 +300,7 @@ func (k *link) write(batch []linkItem, nc *nats.Conn) bool {
 		if err != nil && connectionBusy(err) {
 			break
 		}
+		it.release() // nats.go copied it into its write buffer, or will never take it
 		t := Tally{1, uint64(it.size)}
 		done.add(t)
 		switch {
@@ -462,6 +474,7 @@ func (k *link) refuse() {
 	for _, w := range waiting {
 		if w.op.finish() {
 			w.timer.Stop()
+			w.item.release()
 			w.done(ErrClosed)
 		}
 	}

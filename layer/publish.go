@@ -13,8 +13,8 @@ import (
 //
 // The body must be a valid wire message without the reserved key (*FrameError otherwise, S8);
 // with its headers it must fit the server's max_payload (*MessageTooLargeError, S7). Nothing is
-// sent when it returns an error. The layer keeps body until it is written: do not change it.
-// A message sent to a channel nobody receives on is lost (S1).
+// sent when it returns an error. The body is copied: the caller may reuse it at once. A message
+// sent to a channel nobody receives on is lost (S1).
 func (l *Layer) StartSend(channel string, body []byte, done func(error)) (*Op, error) {
 	if err := ValidateChannelName(channel); err != nil {
 		return nil, err
@@ -44,7 +44,13 @@ func (l *Layer) startPublish(m *nats.Msg, done func(error)) (*Op, error) {
 	if limit := l.maxPayload.Load(); size > limit {
 		return nil, &MessageTooLargeError{Size: size, MaxPayload: limit}
 	}
-	return l.link.publish(m, int(size)+len(m.Subject), done)
+	data, pooled := copyBody(m.Data)
+	m.Data = data
+	op, err := l.link.publish(m, int(size)+len(m.Subject), pooled, done)
+	if err != nil && pooled {
+		releaseBody(data)
+	}
+	return op, err
 }
 
 // headerSize is how many bytes a header block adds to a message on the wire.
