@@ -245,7 +245,9 @@ CN_EXTERN cn_status cn_close(cn_client client, cn_queue queue, void *closure);
  * (capacity, expired, slow_consumer, bad_frame, no_mailbox), lost (messages and bytes of accepted
  * publishes that never reached the server), publish_timeouts, outbound (bytes queued, sends
  * waiting), handed_back, reconnects, recoveries, groups_expired, subscriptions, mailboxes,
- * groups, connected, client_id, and goroutines (the library's, for all clients: a leak check).
+ * groups, connected, client_id, server (url, name, version, cluster, max_payload and peers, as
+ * the server of the last connection announced itself), and goroutines (the library's, for all
+ * clients: a leak check).
  *   json  required; receives the document (free it with cn_free()).
  * Returns CN_OK, CN_INVALID_ARG, CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE (connecting, or
  * from the log callback), CN_FORKED, CN_INTERNAL.

@@ -167,6 +167,7 @@ func (l *Layer) natsOptions() ([]nats.Option, error) {
 		nats.ErrorHandler(l.asyncError),
 		nats.DisconnectErrHandler(l.disconnected),
 		nats.ReconnectHandler(l.reconnected),
+		nats.DiscoveredServersHandler(l.learnServer),
 	}
 	switch o.MaxReconnects {
 	case NoReconnect:
@@ -207,7 +208,7 @@ func (l *Layer) natsOptions() ([]nats.Option, error) {
 
 // installConnection makes nc the layer's connection (the first, or a replacement).
 func (l *Layer) installConnection(nc *nats.Conn) {
-	l.maxPayload.Store(nc.MaxPayload())
+	l.learnServer(nc)
 	l.connected.Store(true)
 	l.link.install(nc)
 	l.subscriptionsChanged()
@@ -223,13 +224,28 @@ func (l *Layer) disconnected(nc *nats.Conn, err error) {
 
 func (l *Layer) reconnected(nc *nats.Conn) {
 	l.counters.reconnects.Add(1)
-	l.maxPayload.Store(nc.MaxPayload())
+	l.learnServer(nc)
 	l.connected.Store(true)
 	l.link.connected(nc)
 	l.mu.Lock()
 	n := len(l.subs)
 	l.mu.Unlock()
 	l.log(LevelWarning, fmt.Sprintf("channels_nats: reconnected to %s; %d subscription(s) restored", l.redact.text(nc.ConnectedUrlRedacted()), n))
+}
+
+// learnServer keeps what the server of nc announced, so that Stats and publishes never read nc
+// (its lock may be held by a write to a stalled socket). It runs on nats.go's handler goroutine or
+// the one that made the connection.
+func (l *Layer) learnServer(nc *nats.Conn) {
+	peers := []string{}
+	for _, peer := range nc.DiscoveredServers() {
+		peers = append(peers, l.redact.text(peer))
+	}
+	l.maxPayload.Store(nc.MaxPayload())
+	l.server.Store(&ServerInfo{
+		URL: l.redact.text(nc.ConnectedUrlRedacted()), Name: nc.ConnectedServerName(), Version: nc.ConnectedServerVersion(),
+		Cluster: nc.ConnectedClusterName(), MaxPayload: nc.MaxPayload(), Peers: peers,
+	})
 }
 
 // asyncError receives nats.go's asynchronous errors. A slow consumer means the connection

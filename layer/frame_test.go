@@ -470,3 +470,37 @@ func TestFrameCorpusFiles(t *testing.T) {
 		t.Errorf("the seed corpus has %d valid and %d invalid frames; want some of each", valid, invalid)
 	}
 }
+
+// TestFrameExpansionIsBounded: a body of nothing but empty maps would decode to tens of times its
+// size; it is refused at send and dropped on arrival. Records of a few fields are far below the
+// bound, at any size, and small messages may hold MaxContainers maps and arrays.
+func TestFrameExpansionIsBounded(t *testing.T) {
+	maps := make([]any, 100_000)
+	for i := range maps {
+		maps[i] = map[string]any{}
+	}
+	bomb, err := encodeMessage(map[string]any{"type": "bomb", "maps": maps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frameErr *FrameError
+	if err := ValidateFrame(bomb); !errors.As(err, &frameErr) || !strings.Contains(err.Error(), "expand") {
+		t.Fatalf("ValidateFrame(100,000 empty maps) = %v, want a FrameError about expansion", err)
+	}
+	rows := make([]any, 20_000)
+	for i := range rows {
+		rows[i] = map[string]any{"id": i, "name": fmt.Sprintf("row %d", i)}
+	}
+	table, _ := encodeMessage(map[string]any{"type": "rows", "rows": rows})
+	if err := ValidateFrame(table); err != nil {
+		t.Errorf("20,000 records refused: %v", err)
+	}
+	small := make([]any, MaxContainers-1)
+	for i := range small {
+		small[i] = []any{}
+	}
+	few, _ := encodeMessage(map[string]any{"l": small})
+	if err := ValidateFrame(few); err != nil {
+		t.Errorf("%d empty arrays in a small message refused: %v", MaxContainers, err)
+	}
+}

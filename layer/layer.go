@@ -15,7 +15,7 @@ import (
 )
 
 // Version is the version of this library, reported by the C ABI too.
-const Version = "0.1.0"
+const Version = "1.0.0"
 
 // Errors returned by the Layer. Errors about names are *NameError, about bodies *FrameError.
 var (
@@ -101,6 +101,7 @@ type Layer struct {
 
 	connected  atomic.Bool  // the connection is up (kept by nats.go's handlers; reading nc would lock it)
 	maxPayload atomic.Int64 // the server's max_payload, read when a connection is made
+	server     atomic.Pointer[ServerInfo]
 
 	mu          sync.Mutex
 	closed      bool
@@ -141,14 +142,26 @@ type Stats struct {
 		Bytes   int `json:"bytes"`   // bytes of accepted publishes not handed to the connection yet
 		Waiting int `json:"waiting"` // sends waiting for room
 	} `json:"outbound"`
-	HandedBack    uint64 `json:"handed_back"`    // re-published when a plain channel was released (S6)
-	Reconnects    uint64 `json:"reconnects"`     // reconnects made by nats.go
-	Recoveries    uint64 `json:"recoveries"`     // new connections after a close for good (S17)
-	GroupsExpired uint64 `json:"groups_expired"` // memberships ended by GroupExpiry (S18)
-	Subscriptions int    `json:"subscriptions"`
-	Mailboxes     int    `json:"mailboxes"`
-	Groups        int    `json:"groups"`
-	Connected     bool   `json:"connected"`
+	HandedBack    uint64     `json:"handed_back"`    // re-published when a plain channel was released (S6)
+	Reconnects    uint64     `json:"reconnects"`     // reconnects made by nats.go
+	Recoveries    uint64     `json:"recoveries"`     // new connections after a close for good (S17)
+	GroupsExpired uint64     `json:"groups_expired"` // memberships ended by GroupExpiry (S18)
+	Subscriptions int        `json:"subscriptions"`
+	Mailboxes     int        `json:"mailboxes"`
+	Groups        int        `json:"groups"`
+	Connected     bool       `json:"connected"`
+	Server        ServerInfo `json:"server"` // the server of the last connection made
+}
+
+// ServerInfo describes the server a layer is (or was last) connected to, as that server announced
+// itself. URLs carry no credentials.
+type ServerInfo struct {
+	URL        string   `json:"url"`
+	Name       string   `json:"name"`
+	Version    string   `json:"version"`
+	Cluster    string   `json:"cluster"`     // "" when the server is not in a cluster
+	MaxPayload int64    `json:"max_payload"` // bytes
+	Peers      []string `json:"peers"`       // other servers of the cluster it told the client about
 }
 
 // Tally is a count of messages and their bytes.
@@ -311,5 +324,8 @@ func (l *Layer) Stats() Stats {
 	s.Subscriptions, s.Mailboxes, s.Groups = len(l.subs), len(l.mailboxes), len(l.groups)
 	s.Connected = !l.closed && l.connected.Load()
 	l.mu.Unlock()
+	if info := l.server.Load(); info != nil {
+		s.Server = *info
+	}
 	return s
 }

@@ -270,3 +270,17 @@ func TestSlogLog(t *testing.T) {
 		t.Errorf("levels %d %d %d %d, want 10 20 30 40", LevelDebug, LevelInfo, LevelWarning, LevelError)
 	}
 }
+
+// TestQuoteNameKeepsLogLinesSafe: a name from the network reaches a log line quoted, cut, and
+// with no control character, line break or NUL of its own.
+func TestQuoteNameKeepsLogLinesSafe(t *testing.T) {
+	got := quoteName("specific.x!\x1b[31m\r\n\u2028\x00" + strings.Repeat("y", 2000))
+	for _, c := range []string{"\x1b", "\r", "\n", "\u2028", "\x00"} {
+		if strings.Contains(got, c) {
+			t.Errorf("quoteName kept %q: %s", c, got)
+		}
+	}
+	if len(got) > 200 || !strings.Contains(got, "(2022 bytes)") {
+		t.Errorf("quoteName did not cut the name: %s", got)
+	}
+}

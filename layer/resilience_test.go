@@ -1414,3 +1414,48 @@ func TestResilienceClusterRestartedNodeCarriesTraffic(t *testing.T) {
 		t.Fatalf("the publisher is on port %s, not on the restarted node 0", got)
 	}
 }
+
+// Cluster 5: a node that freezes instead of dying (its socket stays open, nothing comes back):
+// with the default pings, a worker on it notices within 15 s, moves to another node with its
+// subscriptions, and receives group messages published through another node again.
+func TestResilienceClusterWorkerLeavesAFrozenNode(t *testing.T) {
+	nodes := startCluster(t, 3)
+	frozen, err := faultproxy.Start(nodes[0].url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = frozen.Close() })
+	cfg := testConfig(nil, frozen.URL(), nodes[1].url(), nodes[2].url())
+	cfg.Connection.NoRandomize = true
+	cfg.Connection.ConnectTimeout = time.Second
+	worker := connect(t, cfg)
+	if got := rsPort(rsConn(worker).ConnectedUrl()); got != rsPort(frozen.URL()) {
+		t.Fatalf("the worker connected to %s, not through the proxy of node 0", got)
+	}
+	pub := connect(t, testConfig(nil, nodes[2].url()))
+	ctx := ctxT(t, 40*time.Second)
+	pc, err := worker.NewChannel(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := worker.GroupAdd(ctx, "rs-frozen", pc); err != nil {
+		t.Fatal(err)
+	}
+	group := func(ctx context.Context, m map[string]any) error { return pub.GroupSend(ctx, "rs-frozen", m) }
+	rsUntilLands(t, "group message before node 0 froze", worker, pc, group)
+
+	frozen.Stop(faultproxy.Both)
+	frozeAt := time.Now()
+	waitFor(t, 20*time.Second, "the worker to leave the frozen node", func() bool {
+		return worker.Stats().Reconnects >= 1
+	})
+	noticed := time.Since(frozeAt)
+	t.Logf("the frozen node was left after %s", noticed.Round(time.Millisecond))
+	if noticed > 15*time.Second {
+		t.Errorf("a frozen node was noticed after %s, more than 15 s", noticed)
+	}
+	rsUntilLands(t, "group message after node 0 froze", worker, pc, group)
+	if got := rsPort(rsConn(worker).ConnectedUrl()); got == rsPort(frozen.URL()) {
+		t.Fatalf("the worker is still on the frozen node")
+	}
+}
