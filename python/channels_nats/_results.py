@@ -31,13 +31,16 @@ from . import _native
 Waiting = tuple["asyncio.Future[Any] | concurrent.futures.Future[Any]", int, bool]
 """What a pending operation waits with: its future, its client, and whether it is a send."""
 
-TAKE_BATCH = 256
+TAKE_BATCH = 128
 """Results taken per cn_queue_take call: each take wakes at most this many tasks, so one loop
 iteration stays short even when thousands of results come at once."""
 
 RESULT = struct.Struct("@QPiPPN")
 """cn_result as laid out in memory (op, closure, status, text, data, len): read as integers in one
 go, far cheaper than a cffi attribute read per field. Checked against the header on first use."""
+
+READY_STREAK = 32
+"""Receives in a row that found a message waiting after which the next one yields to the loop."""
 
 CLOSE = 1
 """The closure of a close: its result has the client handle as op, like the connect's."""
@@ -62,6 +65,7 @@ class LoopQueue:
             raise
         self.handle = int(handle[0])
         self.waiting: dict[int, Waiting] = {}
+        self.ready = 0  # receives in a row on this loop that found a message waiting
         self.closing: dict[int, asyncio.Future[None]] = {}
         # Out-parameters of the calls made with this queue: each is read right after its call,
         # before anything else runs on the loop's thread.

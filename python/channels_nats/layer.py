@@ -7,6 +7,7 @@ import atexit
 import concurrent.futures
 import json
 import logging
+import os
 import re
 import threading
 import weakref
@@ -52,7 +53,13 @@ NATS_PY_ALIASES = {
 """Keys of nats-py's connect() that mean the same as one of CONNECT_OPTIONS under another name:
 a connect_options block of the nats-py layer works unchanged."""
 
-NATS_PY_DEFAULTS = {"verbose": False, "pedantic": False, "allow_reconnect": True, "no_echo": False}
+NATS_PY_DEFAULTS = {
+    "verbose": False,
+    "pedantic": False,
+    "allow_reconnect": True,
+    "no_echo": False,
+    "skip_subject_validation": False,
+}
 """Keys of nats-py's connect() that are accepted with their default value only."""
 
 NATS_PY_REFUSED = {
@@ -71,6 +78,9 @@ NATS_PY_REFUSED = {
     "inbox_prefix": "the layer makes no requests, so it has no inboxes",
     "flusher_queue_size": "outbound data is bounded in bytes by pending_size",
     "ws_connection_headers": "the layer connects over TCP (nats:// or tls:// URLs), not WebSocket",
+    "reconnect_to_server_handler": "the layer picks the next server itself; list the servers in the order "
+    "to try in CONFIG['servers'] and set dont_randomize",
+    "lame_duck_mode_cb": "the layer moves to another server by itself when one enters lame duck mode",
 }
 """Keys of nats-py's connect() that have no equivalent here, with what to write instead."""
 
@@ -79,6 +89,7 @@ def _connect_options(given: dict[str, Any]) -> dict[str, Any]:
     """connect_options for the library: nats-py's names mapped to this layer's, and a TypeError
     that says what to write instead for a key that has no equivalent."""
     options: dict[str, Any] = {}
+    given_as: dict[str, str] = {}  # the name each option was given under
     for key, value in given.items():
         if key in NATS_PY_REFUSED:
             raise TypeError(f"NatsChannelLayer: connect_options key {key!r} is not supported: {NATS_PY_REFUSED[key]}")
@@ -93,8 +104,17 @@ def _connect_options(given: dict[str, Any]) -> dict[str, Any]:
                 f"known keys: {', '.join(sorted(CONNECT_OPTIONS))}"
             )
         if name in options:
-            raise TypeError(f"NatsChannelLayer: connect_options has both {key!r} and {name!r}, which mean the same")
-        options[name] = value
+            raise TypeError(
+                f"NatsChannelLayer: connect_options has both {given_as[name]!r} and {key!r}, which mean the same"
+            )
+        if name in _PATH_OPTIONS and isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if callable(value) or not isinstance(value, (str, int, float, bool, type(None))):
+            raise TypeError(
+                f"NatsChannelLayer: connect_options {key!r} must be a string, a number or a bool"
+                f"{' (a file path)' if name in _PATH_OPTIONS else ''}, not {type(value).__name__}"
+            )
+        options[name], given_as[name] = value, key
     return options
 
 
@@ -105,7 +125,11 @@ _NON_DEFAULT = {
     "here (the layer then opens a new connection itself when one is lost)",
     "no_echo": "NatsChannelLayer: connect_options no_echo=True would keep a process from receiving what it sends "
     "to its own channels and groups; remove it",
+    "skip_subject_validation": "NatsChannelLayer: connect_options skip_subject_validation=True is not supported: "
+    "the layer checks every name before it becomes a subject; remove it",
 }
+
+_PATH_OPTIONS = frozenset({"creds", "nkey_seed", "tls_ca", "tls_cert", "tls_key"})
 
 CONFIG_KEYS = (
     "servers",
@@ -286,9 +310,16 @@ class NatsChannelLayer(BaseChannelLayer):
         client = self._client or await self._connection()
         ffi, lib = _native.load()
         queue = _results.for_running_loop()
+        if queue.ready >= _results.READY_STREAK:
+            # A consumer draining a backlog gets its messages without suspending: let the loop
+            # run others now and then. Before the receive, so a cancellation here loses nothing.
+            queue.ready = 0
+            await asyncio.sleep(0)
         status = lib.cn_receive(client, name, queue.handle, ffi.NULL, queue.body, queue.len, queue.op)
         if status == _native.OK:  # a message was waiting, lent until the queue's next call
+            queue.ready += 1
             return msgpack.unpackb(ffi.buffer(queue.body[0], queue.len[0]), raw=False)
+        queue.ready = 0
         _native.check(status)
         return await _wait(queue, queue.op[0], client)
 
@@ -509,12 +540,31 @@ def _capacity_rules(channel_capacity: dict[Any, int]) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = []
     for pattern, capacity in channel_capacity.items():
         if isinstance(pattern, re.Pattern):
-            rules.append({"regex": pattern.pattern, "capacity": capacity})
+            rules.append({"regex": _inline_flags(pattern), "capacity": capacity})
         elif isinstance(pattern, str):
             rules.append({"pattern": pattern, "capacity": capacity})
         else:
             raise TypeError(f"NatsChannelLayer: channel_capacity key {pattern!r} is not a glob or a compiled regex")
     return rules
+
+
+_INLINE_FLAGS = {re.IGNORECASE: "i", re.MULTILINE: "m", re.DOTALL: "s"}
+
+
+def _inline_flags(pattern: re.Pattern[Any]) -> str:
+    """A compiled pattern as the library's regexp reads it: its flags written inline. Flags it has
+    no form for (re.VERBOSE, re.ASCII, bytes patterns) are refused."""
+    if not isinstance(pattern.pattern, str):
+        raise TypeError(f"NatsChannelLayer: channel_capacity regex {pattern.pattern!r} must be a str pattern")
+    flags = pattern.flags & ~re.UNICODE
+    inline = "".join(letter for flag, letter in _INLINE_FLAGS.items() if flags & flag)
+    rest = flags & ~(re.IGNORECASE | re.MULTILINE | re.DOTALL)
+    if rest:
+        raise TypeError(
+            f"NatsChannelLayer: channel_capacity regex {pattern.pattern!r} uses flags the layer cannot apply "
+            f"({re.RegexFlag(rest)!r}); only re.IGNORECASE, re.MULTILINE and re.DOTALL (or inline (?ims))"
+        )
+    return f"(?{inline}){pattern.pattern}" if inline else pattern.pattern
 
 
 _open_layers: weakref.WeakSet[NatsChannelLayer] = weakref.WeakSet()

@@ -17,6 +17,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -391,3 +392,25 @@ async def test_a_python_invalid_regex_in_channel_capacity(make_layer: MakeLayer)
     neither TypeError nor ValueError)."""
     with pytest.raises((TypeError, ValueError, re.error)):
         make_layer(channel_capacity=[{"regex": "(", "capacity": 1}])
+
+
+async def test_regex_flags_reach_the_library(make_layer: MakeLayer) -> None:
+    """channel_capacity with re.IGNORECASE: the library applies the rule too (it drops past the
+    pattern's capacity, not the default's); flags it has no form for are refused at once."""
+    layer, sender = make_layer(capacity=50, channel_capacity={re.compile("WEB", re.I): 2}), make_layer()
+    channel = await layer.new_channel("web")
+    for n in range(5):
+        await sender.send(channel, {"type": "t", "n": n})
+    await wait_until(lambda: layer.stats()["dropped"]["capacity"] == 3, "3 capacity drops")
+    with pytest.raises(TypeError, match="VERBOSE"):
+        NatsChannelLayer(channel_capacity={re.compile("web", re.X): 2})
+
+
+def test_connect_options_values_are_checked_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="'max_pings_outstanding' and 'max_outstanding_pings'"):
+        NatsChannelLayer(connect_options={"max_pings_outstanding": 2, "max_outstanding_pings": 2})
+    with pytest.raises(TypeError, match="'token' must be a string"):
+        NatsChannelLayer(connect_options={"token": lambda: "t"})
+    path = tmp_path / "seed.nk"
+    layer = NatsChannelLayer(connect_options={"nkey_seed": path})
+    assert str(path) in layer._config.decode()  # pyright: ignore[reportPrivateUsage]
