@@ -1,0 +1,1 @@
+"""The Django project of the wireview example (settings, ASGI application, URLs)."""
