@@ -12,7 +12,7 @@ ARGS        ?=
 FUZZTIME    ?= 8s
 
 .DEFAULT_GOAL := help
-.PHONY: help server faultproxy lib venv lint lint-go lint-py test-go test-py test-c examples install-check wheels wheels-check demo demo-check demo-browser bench soak fuzz-smoke fuzz test clean
+.PHONY: help server faultproxy lib venv lint lint-go lint-py test-go test-py test-py-matrix test-c examples install-check wheels wheels-check demo demo-check demo-browser wireview-venv wireview-check bench soak fuzz-smoke fuzz test clean
 
 help: ## List the targets
 	@echo "Targets:"
@@ -51,11 +51,13 @@ $(PYRIGHT):
 
 lint: lint-go lint-py ## Every linter: gofmt, go vet, ruff, pyright
 
+# examples/wireview imports django-wireview, which needs Python 3.12+ and is only in
+# build/wireview-venv: ruff checks it here, pyright in wireview-check (against that venv).
 lint-py: venv $(PYRIGHT) ## ruff (lint and format check) and pyright on python/
 	cd python && ../$(VENV)/bin/ruff check . && ../$(VENV)/bin/ruff format --check .
 	$(PYRIGHT) --pythonpath $(PYTHON) -p python
-	$(VENV)/bin/ruff check --config python/pyproject.toml examples/chat examples/demo bench wheels
-	$(VENV)/bin/ruff format --check --config python/pyproject.toml examples/chat examples/demo bench wheels
+	$(VENV)/bin/ruff check --config python/pyproject.toml examples/chat examples/demo examples/wireview bench wheels
+	$(VENV)/bin/ruff format --check --config python/pyproject.toml examples/chat examples/demo examples/wireview bench wheels
 	$(PYRIGHT) --pythonpath $(PYTHON) examples/chat examples/demo wheels
 
 # The Go files to check with gofmt: everything except build output, VCS data and testdata.
@@ -102,6 +104,9 @@ test-py: lib server faultproxy venv ## The Python package's tests (pytest) again
 		FAULTPROXY=$(abspath $(BUILD)/faultproxy) \
 		../$(PYTHON) -m pytest $(PYTESTFLAGS)
 
+test-py-matrix: lib server faultproxy ## The Python tests and install-check on Python 3.10 and 3.13 too (pyenv's; PY_MATRIX="3.10 3.12 3.13")
+	bash python/matrix.sh
+
 install-check: venv server ## pip install ./python into a fresh venv (builds the library with Go), then two processes group_send
 	bash python/install-check.sh
 
@@ -114,11 +119,21 @@ wheels-check: wheels server ## Prove the wheels: tags, exports, install with no 
 demo: lib server venv ## Start nats-server, two Django chat processes and the Go front; prove a message crosses; serve until Ctrl-C
 	@CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/demo.py $(DEMO_ARGS)
 
-demo-check: lib server venv ## The demo's self-check: proof lines both ways (and through the Go front), then stop
-	CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/demo.py --check --require-gofront
+demo-check: lib server venv ## The demo's self-check under daphne, then uvicorn: proof lines both ways (and the Go front), a clean stop
+	CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/demo.py --check --require-gofront --server daphne
+	CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/demo.py --check --require-gofront --server uvicorn
 
 demo-browser: lib server venv ## Headless Chromium types into the chat on each process and sees it on the others
 	CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/browser_check.py --require-gofront
+
+WIREVIEW_VENV := $(BUILD)/wireview-venv
+
+wireview-venv: lib ## build/wireview-venv: Python 3.12+ from pyenv, examples/wireview/requirements.txt, ./python with the library
+	@CHANNELS_NATS_PREBUILT=$(abspath $(dir $(LIB_FILE))) bash examples/wireview/setup-venv.sh $(WIREVIEW_VENV)
+
+wireview-check: wireview-venv server $(PYRIGHT) ## pyright on examples/wireview; headless Chromium changes its todo list on one daphne process, sees it on the other
+	$(PYRIGHT) --pythonpath $(WIREVIEW_VENV)/bin/python -p examples/wireview
+	$(WIREVIEW_VENV)/bin/python examples/wireview/check.py
 
 bench: lib server venv ## Benchmarks: this layer vs the reference, channels_redis, in-memory, raw NATS (ARGS=...; see bench/README.md)
 	$(PYTHON) bench/run.py $(ARGS)

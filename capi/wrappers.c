@@ -8,7 +8,7 @@
 #include "bridge.h"
 #include "_cgo_export.h"
 
-#define CN_VERSION_TEXT "0.1.0"
+#define CN_VERSION_TEXT "1.0.0"
 
 #if defined(_WIN32)
 #define CN_THREAD_LOCAL __thread /* mingw-w64 gcc ignores __declspec(thread) (only a warning) */
