@@ -30,6 +30,7 @@ type mailbox struct {
 
 	entries []entry // arrival order; the front is the oldest
 	waiters []*waiter
+	feed    *subscription // the subscription receives on this name need, once one was made
 
 	groups      int // how many groups it belongs to
 	subscribing int // receives and group_adds still waiting for their subscription

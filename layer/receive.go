@@ -29,21 +29,33 @@ type Message struct {
 // client receives every process channel message that has no mailbox of its own (S13). The first
 // receive of a plain channel subscribes to it and waits for the server's confirmation (S1).
 func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Message, *Op, error) {
-	if err := ValidateChannelName(channel); err != nil {
-		return Message{}, nil, err
-	}
-	key, err := l.receiveKey(channel)
-	if err != nil {
-		return Message{}, nil, err
-	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
 		return Message{}, nil, ErrClosed
 	}
 	now := time.Now()
-	mb := l.mailboxLocked(channel, now)
-	s := l.want(key)
+	mb, s := l.mailboxes[channel], (*subscription)(nil)
+	if mb != nil && mb.feed != nil && !mb.feed.dropped {
+		s = mb.feed // the common case, a receive on a channel received on before: checked then
+	} else {
+		l.mu.Unlock()
+		if err := ValidateChannelName(channel); err != nil {
+			return Message{}, nil, err
+		}
+		key, err := l.receiveKey(channel)
+		if err != nil {
+			return Message{}, nil, err
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return Message{}, nil, ErrClosed
+		}
+		mb = l.mailboxLocked(channel, now)
+		s = l.want(key)
+		mb.feed = s
+	}
 	if s.confirmed {
 		msg, op := l.takeOrWait(mb, now, deliver)
 		l.mu.Unlock()

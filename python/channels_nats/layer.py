@@ -320,8 +320,18 @@ class NatsChannelLayer(BaseChannelLayer):
             queue.ready += 1
             return msgpack.unpackb(ffi.buffer(queue.body[0], queue.len[0]), raw=False)
         queue.ready = 0
-        _native.check(status)
-        return await _wait(queue, queue.op[0], client)
+        if status != _native.PENDING:
+            _native.raise_for(status, _native.last_error())
+        # _wait, inlined: this is the hot path of every fan-out.
+        op = queue.op[0]
+        future = queue.loop.create_future()
+        queue.waiting[op] = (future, client, False)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            queue.waiting.pop(op, None)
+            lib.cn_cancel(client, op)
+            raise
 
     # ---- groups -----------------------------------------------------------------------------
 
