@@ -9,8 +9,15 @@
 /* Sets this thread's cn_last_error() text. */
 void bridge_set_last_error(const char *text);
 
-/* Stores a host closure (carried as an integer on the Go side) in a result. */
-void bridge_set_closure(cn_result *result, uintptr_t closure);
+/* Fills a result in host memory. Pointers arrive as integers: Go must not store Go pointers into
+   C memory itself, because its write barrier would also look at the stale pointers it
+   overwrites (bodies lent by an earlier take, possibly freed since). */
+void bridge_set_result(cn_result *result, cn_op op, uintptr_t closure, cn_status status,
+                       const char *text, uintptr_t data, size_t len);
+
+/* Stores a pointer in a host's pointer out-parameter (*out = value), for the same reason: the
+   slot may hold a stale lent body, or uninitialized garbage. */
+void bridge_store_pointer(void *out, uintptr_t value);
 
 /* Calls a host's log callback; marks the thread as inside it meanwhile. Go cannot call C function
    pointers directly. */

@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"runtime"
+	"unsafe"
 
 	"github.com/channels-nats/channels-nats/layer"
 )
@@ -184,7 +185,8 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 	if bodyOut == nil || lenOut == nil {
 		return fail(argError("body and len must not be NULL"))
 	}
-	*bodyOut, *lenOut = nil, 0
+	C.bridge_store_pointer(unsafe.Pointer(bodyOut), 0) // not *bodyOut = nil: see bridge_store_pointer
+	*lenOut = 0
 	name, err := goString(channel, "channel", true)
 	if err != nil {
 		return fail(err)
@@ -195,7 +197,8 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 			q := o.q
 			q.mu.Lock()
 			q.release()
-			*bodyOut, *lenOut = q.lend(msg.Body), C.size_t(len(msg.Body))
+			C.bridge_store_pointer(unsafe.Pointer(bodyOut), q.lend(msg.Body))
+			*lenOut = C.size_t(len(msg.Body))
 			q.mu.Unlock()
 		}
 		return lop, err
@@ -212,7 +215,7 @@ func cngo_new_channel(h C.cn_client, prefix *C.char, qh C.cn_queue, closure C.ui
 	if channelOut == nil {
 		return fail(argError("channel must not be NULL"))
 	}
-	*channelOut = nil
+	C.bridge_store_pointer(unsafe.Pointer(channelOut), 0)
 	p, err := goString(prefix, "prefix", false)
 	if err != nil {
 		return fail(err)
@@ -220,7 +223,7 @@ func cngo_new_channel(h C.cn_client, prefix *C.char, qh C.cn_queue, closure C.ui
 	return start(h, qh, closure, opOut, func(o *op) (*layer.Op, error) {
 		name, lop, err := o.l.StartNewChannel(p, o.named)
 		if err == nil && lop == nil {
-			*channelOut = C.CString(name)
+			C.bridge_store_pointer(unsafe.Pointer(channelOut), C.uintptr_t(uintptr(unsafe.Pointer(C.CString(name)))))
 		}
 		return lop, err
 	})
@@ -301,12 +304,12 @@ func cngo_stats(h C.cn_client, out **C.char) (st C.cn_status) {
 	if out == nil {
 		return fail(argError("json must not be NULL"))
 	}
-	*out = nil
+	C.bridge_store_pointer(unsafe.Pointer(out), 0)
 	_, l, err := usable(h)
 	if err != nil {
 		return fail(err)
 	}
-	*out = C.CString(statsJSON(l))
+	C.bridge_store_pointer(unsafe.Pointer(out), C.uintptr_t(uintptr(unsafe.Pointer(C.CString(statsJSON(l))))))
 	return C.CN_OK
 }
 

@@ -71,13 +71,14 @@ func (q *resultQueue) signal() {
 	}
 }
 
-// lend pins body until the next take or receive with q, and returns it for C. q.mu must be held.
-func (q *resultQueue) lend(body []byte) *C.uint8_t {
+// lend pins body until the next take or receive with q, and returns its address for C (an
+// integer: see bridge_set_result). q.mu must be held.
+func (q *resultQueue) lend(body []byte) C.uintptr_t {
 	if len(body) == 0 {
-		return nil
+		return 0
 	}
 	q.pinned.Pin(&body[0])
-	return (*C.uint8_t)(unsafe.Pointer(&body[0]))
+	return C.uintptr_t(uintptr(unsafe.Pointer(&body[0])))
 }
 
 // release ends what the last take or receive lent. q.mu must be held.
@@ -121,19 +122,15 @@ func (q *resultQueue) take(results []C.cn_result) int {
 			}
 			q.lent = append(q.lent, r.op)
 		}
-		res := &results[filled]
-		filled++
-		*res = C.cn_result{op: C.cn_op(r.id), status: r.status}
-		C.bridge_set_closure(res, r.closure)
+		var text *C.char // in the C block
 		if r.text != "" {
 			k := copy(block[at:], r.text)
 			block[at+k] = 0
-			res.text = (*C.char)(unsafe.Pointer(&block[at]))
+			text = (*C.char)(unsafe.Pointer(&block[at]))
 			at += k + 1
 		}
-		if r.body != nil {
-			res.data, res.len = q.lend(r.body), C.size_t(len(r.body))
-		}
+		C.bridge_set_result(&results[filled], C.cn_op(r.id), r.closure, r.status, text, q.lend(r.body), C.size_t(len(r.body)))
+		filled++
 	}
 	clear(q.items[:used])
 	q.items = q.items[used:]
