@@ -87,7 +87,7 @@ const (
 func newLink(l *Layer) *link {
 	high := l.cfg.Connection.PendingSize
 	return &link{
-		l: l, high: high, low: high / 4, deadline: l.cfg.PublishDeadline,
+		l: l, high: high, low: high / 2, deadline: l.cfg.PublishDeadline,
 		wake: make(chan struct{}, 1), exited: make(chan struct{}),
 	}
 }
