@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -133,9 +134,8 @@ type op struct {
 	mu      sync.Mutex
 	lop     *layer.Op // set by register, once the call that began it returned
 	state   opState
-	claimed bool          // a withdraw runs or ran: later ones have nothing to do
-	retract bool          // nobody will take its result: Retract it once lop is known
-	settled chan struct{} // closed when its result is queued, or nobody will take it
+	claimed bool // a withdraw runs or ran: later ones have nothing to do
+	retract bool // nobody will take its result: Retract it once lop is known
 }
 
 type opState uint8
@@ -149,7 +149,7 @@ const (
 )
 
 func (c *client) newOp(l *layer.Layer, q *resultQueue, closure C.uintptr_t) *op {
-	return &op{id: nextHandle(), c: c, q: q, closure: closure, l: l, settled: make(chan struct{})}
+	return &op{id: nextHandle(), c: c, q: q, closure: closure, l: l}
 }
 
 // register makes a pending o known to cn_cancel and cn_queue_free, unless its result was taken
@@ -180,7 +180,6 @@ func (o *op) unregister() {
 // complete queues o's result. When nobody will take it (its queue was freed), what o did is
 // retracted instead: a received message goes back to its mailbox.
 func (o *op) complete(err error, text string, body []byte) {
-	defer close(o.settled)
 	o.mu.Lock()
 	o.state = opQueued
 	o.mu.Unlock()
@@ -252,7 +251,7 @@ func (o *op) withdraw() bool {
 		o.unregister()
 		return true
 	}
-	<-o.settled // the layer won the race: its result is being queued
+	o.awaitResult() // the layer won the race: its result is being queued
 	if o.sent {
 		return false // accepted, so sent: its result stays for the host to take
 	}
@@ -269,6 +268,20 @@ func (o *op) withdraw() bool {
 		lop.Retract()
 	}
 	return retract
+}
+
+// awaitResult returns once the layer's callback has given o its result: right after the layer
+// finished o, so the wait is short and rare (a cancel that lost the race).
+func (o *op) awaitResult() {
+	for {
+		o.mu.Lock()
+		running := o.state == opRunning
+		o.mu.Unlock()
+		if !running {
+			return
+		}
+		runtime.Gosched()
+	}
 }
 
 // close ends the client: pending operations end with CN_CLOSED results, and when it returns no

@@ -92,7 +92,7 @@ typedef enum {
     CN_INVALID_NAME = 5,     /* a channel, group or prefix name the layer refuses */
     CN_INVALID_MESSAGE = 6,  /* the body is not a msgpack map with string keys, or uses the reserved key */
     CN_MESSAGE_TOO_LARGE = 7,/* body and headers exceed the server's max_payload; nothing was sent */
-    CN_FOREIGN_CHANNEL = 8,  /* receive, group_add or put_back on a process channel of another client */
+    CN_FOREIGN_CHANNEL = 8,  /* receive or group_add on a process channel of another client */
     CN_INVALID_HANDLE = 9,   /* 0, or a client or queue handle that is unknown or freed */
     CN_CLOSED = 10,          /* the client is closed, or was closed while the operation waited */
     /* 11 is not used. */

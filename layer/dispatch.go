@@ -67,11 +67,17 @@ func (l *Layer) deliverHandoffs() {
 // handTo delivers msg to a receive, or gives it back when the receive was cancelled after the
 // message was handed over (S14).
 func (l *Layer) handTo(op *Op, deliver func(Message, error), msg Message) {
-	if op.finishUndoable(func() { l.giveBack(msg) }) {
-		deliver(msg, nil)
-	} else {
+	if !op.finish() {
 		l.giveBack(msg)
+		return
 	}
+	if w := op.recv; w != nil { // Retract gives it back from there, with no closure to allocate
+		w.msg = msg
+		w.handed.Store(true)
+	} else {
+		op.retractWith(func() { l.giveBack(msg) })
+	}
+	deliver(msg, nil)
 }
 
 func (l *Layer) route(m *nats.Msg) {

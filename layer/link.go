@@ -383,7 +383,7 @@ func (k *link) loseUnconfirmedLocked(why string) {
 	}
 	k.lost.add(gone)
 	k.l.log(LevelWarning, fmt.Sprintf("channels_nats: %d publish(es) (%d bytes) were not confirmed by the server and are "+
-		"counted as lost: %s", gone.Messages, gone.Bytes, why))
+		"counted as lost (%s; some may have reached it just before)", gone.Messages, gone.Bytes, why))
 }
 
 // confirmLoop asks the server, at most every confirmEvery, to confirm what was handed: a PING

@@ -1,6 +1,9 @@
 package layer
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // entry is one message waiting in a mailbox, stamped when it reached this process (S4).
 type entry struct {
@@ -15,10 +18,29 @@ func expired(at, now time.Time, expiry time.Duration) bool { return now.Sub(at) 
 // waiter is one pending receive. deliver is called outside the layer lock, once, with the
 // message or with the error that ended the receive, unless its op was cancelled first.
 type waiter struct {
+	l       *Layer
 	mb      *mailbox
 	op      *Op
 	deliver func(Message, error)
-	listed  bool // still in mb.waiters
+	listed  bool        // still in mb.waiters
+	msg     Message     // the message it was handed, for Retract
+	handed  atomic.Bool // msg was delivered and can still be given back
+}
+
+// pendingReceive is a receive that waits in a mailbox, with its Op, in one allocation.
+type pendingReceive struct {
+	Op
+	waiter
+}
+
+// unlist removes w from its mailbox (its receive was cancelled).
+func (w *waiter) unlist() {
+	l := w.l
+	l.mu.Lock()
+	if w.mb.removeWaiter(w) {
+		l.readerLeft(w.mb, time.Now(), true)
+	}
+	l.mu.Unlock()
 }
 
 // mailbox holds the messages of one channel name in this process (S2, S4, S5): the only place a

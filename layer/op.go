@@ -18,6 +18,9 @@ type Op struct {
 	withdraw func()
 	// undo takes back what the finished operation did (see Retract); set when it finishes.
 	undo atomic.Pointer[func()]
+	// recv is the receive that waits in a mailbox when the Op is one (most are): Cancel and
+	// Retract work on it directly, so that such a receive costs one allocation, not four.
+	recv *waiter
 }
 
 const (
@@ -33,7 +36,10 @@ func (o *Op) Cancel() bool {
 	if !o.state.CompareAndSwap(opPending, opCancelled) {
 		return false
 	}
-	if o.withdraw != nil {
+	switch {
+	case o.recv != nil:
+		o.recv.unlist()
+	case o.withdraw != nil:
 		o.withdraw()
 	}
 	return true
@@ -46,20 +52,13 @@ func (o *Op) Cancel() bool {
 func (o *Op) Retract() {
 	if undo := o.undo.Swap(nil); undo != nil {
 		(*undo)()
+	} else if w := o.recv; w != nil && w.handed.CompareAndSwap(true, false) {
+		w.l.giveBack(w.msg)
 	}
 }
 
 // finish claims the right to run the callback; false once the operation was cancelled.
 func (o *Op) finish() bool { return o.state.CompareAndSwap(opPending, opDone) }
-
-// finishUndoable is finish for an operation that Retract can take back with undo.
-func (o *Op) finishUndoable(undo func()) bool {
-	if !o.finish() {
-		return false
-	}
-	o.retractWith(undo)
-	return true
-}
 
 // retractWith makes undo what Retract does; set before the callback runs.
 func (o *Op) retractWith(undo func()) { o.undo.Store(&undo) }

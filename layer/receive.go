@@ -114,24 +114,23 @@ func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, err
 	if msg, ok := l.popLocked(mb, now); ok {
 		return msg, nil
 	}
-	op := &Op{}
-	w := l.addWaiter(mb, op, deliver)
-	op.withdraw = func() {
-		l.mu.Lock()
-		if mb.removeWaiter(w) {
-			l.readerLeft(mb, time.Now(), true)
-		}
-		l.mu.Unlock()
-	}
-	return Message{}, op
+	p := &pendingReceive{}
+	p.recv = &p.waiter
+	l.listWaiter(&p.waiter, mb, &p.Op, deliver)
+	return Message{}, &p.Op
 }
 
 // addWaiter lists a receive in mb. l.mu must be held.
 func (l *Layer) addWaiter(mb *mailbox, op *Op, deliver func(Message, error)) *waiter {
-	mb.readAt = time.Now()
-	w := &waiter{mb: mb, op: op, deliver: deliver, listed: true}
-	mb.waiters = append(mb.waiters, w)
+	w := &waiter{}
+	l.listWaiter(w, mb, op, deliver)
 	return w
+}
+
+func (l *Layer) listWaiter(w *waiter, mb *mailbox, op *Op, deliver func(Message, error)) {
+	mb.readAt = time.Now()
+	w.l, w.mb, w.op, w.deliver, w.listed = l, mb, op, deliver, true
+	mb.waiters = append(mb.waiters, w)
 }
 
 // popLocked takes the oldest live message of mb, if any, dropping expired ones. l.mu must be held.

@@ -1459,3 +1459,26 @@ func TestResilienceClusterWorkerLeavesAFrozenNode(t *testing.T) {
 		t.Fatalf("the worker is still on the frozen node")
 	}
 }
+
+// Stats().Server describes the server of the connection, as it announced itself, without
+// reading the connection (so it never waits on a stalled one): in a cluster it names the cluster
+// and the peers the server told about; after a move it names the new server.
+func TestResilienceStatsNameTheServer(t *testing.T) {
+	nodes := startCluster(t, 3)
+	cfg := testConfig(nil, nodes[0].url())
+	l := connect(t, cfg)
+	waitFor(t, 10*time.Second, "the cluster's peers to be announced", func() bool { return len(l.Stats().Server.Peers) >= 2 })
+	info := l.Stats().Server
+	if info.URL != nodes[0].url() || info.Name != "n0" || info.Cluster != "channels-nats-test" || info.Version == "" ||
+		info.MaxPayload <= 0 {
+		t.Fatalf("Stats().Server = %+v", info)
+	}
+	nodes[0].stop()
+	waitFor(t, 15*time.Second, "the layer to move to another node", func() bool {
+		s := l.Stats()
+		return s.Connected && s.Server.URL != nodes[0].url()
+	})
+	if name := l.Stats().Server.Name; name != "n1" && name != "n2" {
+		t.Fatalf("after the move Stats().Server.Name = %q", name)
+	}
+}

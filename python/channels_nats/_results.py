@@ -179,8 +179,8 @@ class LoopQueue:
 
 
 class _Current(threading.local):
-    loop: asyncio.AbstractEventLoop | None = None
-    queue: LoopQueue | None = None
+    pair: tuple[asyncio.AbstractEventLoop | None, LoopQueue | None] = (None, None)
+    """The last loop this thread asked for, and its queue: one attribute read per call."""
 
 
 _current = _Current()
@@ -191,15 +191,15 @@ _queues_lock = threading.Lock()
 def for_running_loop() -> LoopQueue:
     """The result queue of the running event loop, made on first use."""
     loop = asyncio.get_running_loop()
-    current = _current
-    if current.loop is loop and current.queue is not None:
-        return current.queue
+    last, queue = _current.pair
+    if last is loop and queue is not None:
+        return queue
     with _queues_lock:
         queue = _queues.get(loop)
         if queue is None:
             queue = _queues[loop] = LoopQueue(loop)
             _free_on_close(loop, queue)
-    current.loop, current.queue = loop, queue
+    _current.pair = (loop, queue)
     return queue
 
 
@@ -223,7 +223,7 @@ def free_all() -> None:
         _queues.clear()
     for queue in queues:
         queue.free()
-    _current.loop = _current.queue = None
+    _current.pair = (None, None)
 
 
 def wait_blocking(client: int, timeout: float) -> None:

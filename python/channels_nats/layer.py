@@ -306,7 +306,9 @@ class NatsChannelLayer(BaseChannelLayer):
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
-        name = self._channel(channel)
+        name = self._channel_names.get(channel) if type(channel) is str else None
+        if name is None:
+            name = self._channel(channel)
         client = self._client or await self._connection()
         ffi, lib = _native.load()
         queue = _results.for_running_loop()

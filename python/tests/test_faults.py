@@ -350,3 +350,19 @@ async def test_a_mailbox_holds_no_more_than_its_capacity_with_a_slow_reader(make
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(receiver.receive(channel), 0.3)
     assert receiver.stats()["dropped"]["capacity"] == 199
+
+
+async def test_draining_a_backlog_does_not_hold_the_loop(make_layer: Any) -> None:
+    """A consumer that drains a backlog gets each message without suspending (it was waiting in
+    the mailbox); every so many in a row the receive yields first, so the loop runs others while
+    thousands are drained. Without that, 5,000 messages held the loop for tens of milliseconds."""
+    receiver, sender = make_layer(capacity=10_000), make_layer()
+    channel, marker = await receiver.new_channel(), await receiver.new_channel()
+    for n in range(5_000):
+        await sender.send(channel, {"type": "t", "n": n})
+    await sender.send(marker, {"type": "marker"})
+    await asyncio.wait_for(receiver.receive(marker), 10)  # arrival order (S10): the backlog is in
+    async with watched_loop() as watch:
+        got = [(await receiver.receive(channel))["n"] for _ in range(5_000)]
+    assert got == list(range(5_000))
+    assert_no_stall(watch, "draining 5,000 waiting messages")
