@@ -295,14 +295,8 @@ class NatsChannelLayer(BaseChannelLayer):
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         """Sends a message to a channel; a message nobody receives is lost (S1). Waits only while
         the outbound buffer is full (PublishTimeout after publish_deadline)."""
-        name = self._channel(channel)
-        body = _pack(message)
-        client = self._client or await self._connection()
-        ffi, lib = _native.load()
-        queue = _results.for_running_loop()
-        status = lib.cn_send(client, name, body, len(body), queue.handle, ffi.NULL, queue.op)
-        if status != _native.OK:
-            await _published(status, queue, client)
+        _, lib = _native.load()
+        await self._publish(lib.cn_send, self._channel(channel), message)
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
@@ -360,14 +354,22 @@ class NatsChannelLayer(BaseChannelLayer):
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         """Sends a message to every member of a group, in every process: one publish."""
-        name = self._group(group)
+        _, lib = _native.load()
+        await self._publish(lib.cn_group_send, self._group(group), message)
+
+    async def _publish(self, publish: Any, name: bytes, message: dict[str, Any]) -> None:
+        """cn_send or cn_group_send of message to name: done when the outbound buffer took it,
+        else it waits for room, or raises (PublishTimeout after publish_deadline)."""
         body = _pack(message)
         client = self._client or await self._connection()
-        ffi, lib = _native.load()
+        ffi, _ = _native.load()
         queue = _results.for_running_loop()
-        status = lib.cn_group_send(client, name, body, len(body), queue.handle, ffi.NULL, queue.op)
-        if status != _native.OK:
-            await _published(status, queue, client)
+        status = publish(client, name, body, len(body), queue.handle, ffi.NULL, queue.op)
+        if status == _native.OK:
+            return
+        if status != _native.PENDING:
+            _native.raise_for(status, _native.last_error())
+        await _wait(queue, queue.op[0], client, publishing=True)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -445,13 +447,6 @@ async def _wait(queue: _results.LoopQueue, op: int, client: int, publishing: boo
         _, lib = _native.load()
         lib.cn_cancel(client, op)
         raise
-
-
-async def _published(status: int, queue: _results.LoopQueue, client: int) -> None:
-    """The rest of a send that was not accepted at once: it waits for room, or raises."""
-    if status != _native.PENDING:
-        _native.raise_for(status, _native.last_error())
-    await _wait(queue, queue.op[0], client, publishing=True)
 
 
 _NUMBERS = (

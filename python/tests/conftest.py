@@ -190,6 +190,15 @@ def raw_send(port: int, subject: str, payload: bytes, headers: dict[str, str] | 
         publisher.close()
 
 
+def rss_kb() -> int:
+    """This process's resident memory, in kB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
 def unique(stem: str) -> str:
     """A channel or group name no other test uses (they share one server)."""
     return f"{stem}-{uuid.uuid4().hex[:12]}"

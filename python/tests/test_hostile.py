@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NatsServer, RawPublisher, dead_port, nats_server_binary, pack, wait_until
+from conftest import NatsServer, RawPublisher, dead_port, nats_server_binary, pack, rss_kb, wait_until
 
 from channels_nats import NatsChannelLayer
 from channels_nats._native import LIBRARY_ENV
@@ -140,14 +140,6 @@ async def test_forged_channel_names_cannot_flood_memory_or_the_log(
         assert len(line) < 600, line
         for character in ("\x1b", "\r", "\n", "\u2028", "\x00"):
             assert character not in line, repr(line)
-
-
-def rss_kb() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 async def test_a_flapping_mailbox_warns_at_the_documented_rate(

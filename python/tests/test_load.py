@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import RawPublisher, pack, unique
+from conftest import RawPublisher, pack, rss_kb, unique
 
 from channels_nats import NatsChannelLayer
 
@@ -21,14 +21,6 @@ MakeLayer = Callable[..., NatsChannelLayer]
 GRACE = 0.2  # mailbox_grace of the layers under test: idle mailboxes go quickly
 GOROUTINE_SLACK = 8  # goroutines the library may have over its baseline once idle
 RSS_GROWTH_LIMIT_KB = 20 * 1024
-
-
-def rss_kb() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 async def settle(layer: NatsChannelLayer, baseline: dict[str, Any], keys: tuple[str, ...], timeout: float = 10) -> None:

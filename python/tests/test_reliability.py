@@ -133,7 +133,7 @@ async def _consumer(url: str, pfx: str, group: str, ready: Queue[Any], events: Q
     except BaseException as e:
         errors.append(f"main: {type(e).__name__}: {e}")
     finally:
-        events.put(("done", errors))
+        events.put(("done", errors, layer.stats().get("dropped", {})))
         await layer.close()
 
 
@@ -157,6 +157,7 @@ async def test_broker_sigkill_and_restart_mid_stream_with_processes(
         arrivals: dict[str, list[tuple[int, float]]] = {}
         send_errors: list[str] = []
         consumer_errors: list[str] = []
+        consumer_drops: list[dict[str, int]] = []  # each consumer's stats()["dropped"] at the end
         done = 0
 
         def take_events() -> None:
@@ -172,6 +173,7 @@ async def test_broker_sigkill_and_restart_mid_stream_with_processes(
                 else:
                     done += 1
                     consumer_errors.extend(event[1])
+                    consumer_drops.append(event[2])
 
         # Direct sends carry n*2+i so each child's numbers are told apart; group messages carry n.
         n = 0
@@ -244,6 +246,8 @@ async def test_broker_sigkill_and_restart_mid_stream_with_processes(
             "lost_group_ticks_since_kill_s": _span(group_missing, tick_at, killed_at),
             "first_delivery_after_restart_s": first,
             "publisher_send_errors": len(send_errors),
+            "publisher_lost": publisher.stats()["lost"],
+            "consumer_drops": consumer_drops,
         }
         record_property("loss_window", report)
         with capsys.disabled():
