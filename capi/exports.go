@@ -111,21 +111,33 @@ func cngo_close(h C.cn_client, qh C.cn_queue, closure C.uintptr_t) (st C.cn_stat
 }
 
 // start begins an operation whose pending result goes to queue qh: it checks the client and
-// the queue, writes the op handle first (a result taken on another thread may name it before
-// the call returns), and registers the op when begin leaves it pending.
+// the queue, then see begin.
 func start(h C.cn_client, qh C.cn_queue, closure C.uintptr_t, opOut *C.cn_op,
 	begin func(o *op) (*layer.Op, error)) C.cn_status {
 	if opOut != nil {
 		*opOut = 0
 	}
+	c, l, q, err := target(h, qh)
+	if err != nil {
+		return fail(err)
+	}
+	return beginOp(c, l, q, closure, opOut, begin)
+}
+
+// target is the client and the queue of a call.
+func target(h C.cn_client, qh C.cn_queue) (*client, *layer.Layer, *resultQueue, error) {
 	c, l, err := usable(h)
 	if err != nil {
-		return fail(err)
+		return nil, nil, nil, err
 	}
 	q, err := lookupQueue(qh)
-	if err != nil {
-		return fail(err)
-	}
+	return c, l, q, err
+}
+
+// beginOp writes the op handle first (a result taken on another thread may name it before the
+// call returns), and registers the op when begin leaves it pending.
+func beginOp(c *client, l *layer.Layer, q *resultQueue, closure C.uintptr_t, opOut *C.cn_op,
+	begin func(o *op) (*layer.Op, error)) C.cn_status {
 	o := c.newOp(l, q, closure)
 	if opOut != nil {
 		*opOut = C.cn_op(o.id)
@@ -185,24 +197,37 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 	if bodyOut == nil || lenOut == nil {
 		return fail(argError("body and len must not be NULL"))
 	}
-	C.bridge_store_pointer(unsafe.Pointer(bodyOut), 0) // not *bodyOut = nil: see bridge_store_pointer
+	storeAddress(unsafe.Pointer(bodyOut), 0)
 	*lenOut = 0
-	name, err := goString(channel, "channel", true)
+	lent, err := lentString(channel, "channel")
 	if err != nil {
 		return fail(err)
 	}
-	return start(h, qh, closure, opOut, func(o *op) (*layer.Op, error) {
-		msg, lop, err := o.l.StartReceive(name, o.receiver)
-		if err == nil && lop == nil { // a message was waiting: lent until the queue's next take or receive
-			q := o.q
-			q.mu.Lock()
-			q.release()
-			C.bridge_store_pointer(unsafe.Pointer(bodyOut), q.lend(msg.Body))
-			*lenOut = C.size_t(len(msg.Body))
-			q.mu.Unlock()
+	c, l, q, err := target(h, qh)
+	if err != nil {
+		return fail(err)
+	}
+	if msg, ok := l.TakeWaiting(lent); ok { // the common case: no op, nothing allocated
+		lendReceived(q, msg, bodyOut, lenOut)
+		return C.CN_OK
+	}
+	return beginOp(c, l, q, closure, opOut, func(o *op) (*layer.Op, error) {
+		msg, lop, err := l.StartReceive(lent, o.receiver)
+		if err == nil && lop == nil {
+			lendReceived(q, msg, bodyOut, lenOut)
 		}
 		return lop, err
 	})
+}
+
+// lendReceived hands a message a receive found waiting to the host: lent until the queue's next
+// take or receive.
+func lendReceived(q *resultQueue, msg layer.Message, bodyOut **C.uint8_t, lenOut *C.size_t) {
+	q.mu.Lock()
+	q.release()
+	storeAddress(unsafe.Pointer(bodyOut), q.lend(msg.Body))
+	*lenOut = C.size_t(len(msg.Body))
+	q.mu.Unlock()
 }
 
 //export cngo_new_channel
@@ -215,7 +240,7 @@ func cngo_new_channel(h C.cn_client, prefix *C.char, qh C.cn_queue, closure C.ui
 	if channelOut == nil {
 		return fail(argError("channel must not be NULL"))
 	}
-	C.bridge_store_pointer(unsafe.Pointer(channelOut), 0)
+	storeAddress(unsafe.Pointer(channelOut), 0)
 	p, err := goString(prefix, "prefix", false)
 	if err != nil {
 		return fail(err)
@@ -223,7 +248,7 @@ func cngo_new_channel(h C.cn_client, prefix *C.char, qh C.cn_queue, closure C.ui
 	return start(h, qh, closure, opOut, func(o *op) (*layer.Op, error) {
 		name, lop, err := o.l.StartNewChannel(p, o.named)
 		if err == nil && lop == nil {
-			C.bridge_store_pointer(unsafe.Pointer(channelOut), C.uintptr_t(uintptr(unsafe.Pointer(C.CString(name)))))
+			storeAddress(unsafe.Pointer(channelOut), uintptr(unsafe.Pointer(C.CString(name))))
 		}
 		return lop, err
 	})
@@ -304,12 +329,12 @@ func cngo_stats(h C.cn_client, out **C.char) (st C.cn_status) {
 	if out == nil {
 		return fail(argError("json must not be NULL"))
 	}
-	C.bridge_store_pointer(unsafe.Pointer(out), 0)
+	storeAddress(unsafe.Pointer(out), 0)
 	_, l, err := usable(h)
 	if err != nil {
 		return fail(err)
 	}
-	C.bridge_store_pointer(unsafe.Pointer(out), C.uintptr_t(uintptr(unsafe.Pointer(C.CString(statsJSON(l))))))
+	storeAddress(unsafe.Pointer(out), uintptr(unsafe.Pointer(C.CString(statsJSON(l)))))
 	return C.CN_OK
 }
 

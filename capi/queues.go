@@ -23,6 +23,27 @@ type outcome struct {
 	body    []byte
 }
 
+// resultSlot is a cn_result as Go fills it in host memory: its pointers as integers (see
+// storeAddress). The declarations after it fail to compile unless its layout is the header's.
+type resultSlot struct {
+	op      C.cn_op
+	closure uintptr
+	status  C.cn_status
+	text    uintptr
+	data    uintptr
+	len     C.size_t
+}
+
+// Each index below is out of range (a compile error) unless the two agree.
+var (
+	_ = [1]int{}[unsafe.Sizeof(resultSlot{})-unsafe.Sizeof(C.cn_result{})]
+	_ = [1]int{}[unsafe.Offsetof(resultSlot{}.closure)-unsafe.Offsetof(C.cn_result{}.closure)]
+	_ = [1]int{}[unsafe.Offsetof(resultSlot{}.status)-unsafe.Offsetof(C.cn_result{}.status)]
+	_ = [1]int{}[unsafe.Offsetof(resultSlot{}.text)-unsafe.Offsetof(C.cn_result{}.text)]
+	_ = [1]int{}[unsafe.Offsetof(resultSlot{}.data)-unsafe.Offsetof(C.cn_result{}.data)]
+	_ = [1]int{}[unsafe.Offsetof(resultSlot{}.len)-unsafe.Offsetof(C.cn_result{}.len)]
+)
+
 // resultQueue holds results until the host takes them (cn_queue_take): no library thread ever
 // calls into the host for them. When the queue goes from empty to non-empty it writes one byte
 // to the host's notify descriptor.
@@ -72,13 +93,13 @@ func (q *resultQueue) signal() {
 }
 
 // lend pins body until the next take or receive with q, and returns its address for C (an
-// integer: see bridge_set_result). q.mu must be held.
-func (q *resultQueue) lend(body []byte) C.uintptr_t {
+// integer: see storeAddress). q.mu must be held.
+func (q *resultQueue) lend(body []byte) uintptr {
 	if len(body) == 0 {
 		return 0
 	}
 	q.pinned.Pin(&body[0])
-	return C.uintptr_t(uintptr(unsafe.Pointer(&body[0])))
+	return uintptr(unsafe.Pointer(&body[0]))
 }
 
 // release ends what the last take or receive lent. q.mu must be held.
@@ -97,7 +118,7 @@ func (q *resultQueue) textBlock(n int) []byte {
 
 // take moves up to len(results) results into results and returns how many. The results of the
 // take before are kept for good now: their ops are forgotten.
-func (q *resultQueue) take(results []C.cn_result) int {
+func (q *resultQueue) take(results []resultSlot) int {
 	q.mu.Lock()
 	q.release()
 	kept := q.lent
@@ -122,14 +143,14 @@ func (q *resultQueue) take(results []C.cn_result) int {
 			}
 			q.lent = append(q.lent, r.op)
 		}
-		var text *C.char // in the C block
+		var text uintptr // in the C block
 		if r.text != "" {
 			k := copy(block[at:], r.text)
 			block[at+k] = 0
-			text = (*C.char)(unsafe.Pointer(&block[at]))
+			text = uintptr(unsafe.Pointer(&block[at]))
 			at += k + 1
 		}
-		C.bridge_set_result(&results[filled], C.cn_op(r.id), r.closure, r.status, text, q.lend(r.body), C.size_t(len(r.body)))
+		results[filled] = resultSlot{C.cn_op(r.id), uintptr(r.closure), r.status, text, q.lend(r.body), C.size_t(len(r.body))}
 		filled++
 	}
 	clear(q.items[:used])
@@ -205,7 +226,7 @@ func cngo_queue_take(qh C.cn_queue, results *C.cn_result, capacity C.size_t, cou
 	if capacity == 0 {
 		return C.CN_OK
 	}
-	*count = C.size_t(q.take(unsafe.Slice(results, int(min(capacity, 1<<20)))))
+	*count = C.size_t(q.take(unsafe.Slice((*resultSlot)(unsafe.Pointer(results)), int(min(capacity, 1<<20)))))
 	return C.CN_OK
 }
 

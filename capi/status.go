@@ -1,6 +1,7 @@
 package main
 
 /*
+#include <string.h>
 #include "bridge.h"
 */
 import "C"
@@ -9,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
 
@@ -52,6 +54,15 @@ func (e internalError) Error() string { return fmt.Sprintf("internal error: %v",
 
 // statusOf maps an error of the layer or of this shim to its status code.
 func statusOf(err error) C.cn_status {
+	if err == nil {
+		return C.CN_OK
+	}
+	return failureStatus(err)
+}
+
+// failureStatus is statusOf for a non-nil error. Apart from statusOf because the targets of
+// errors.As escape: declared in statusOf they would be allocated on every call, success included.
+func failureStatus(err error) C.cn_status {
 	var (
 		nameErr  *layer.NameError
 		frameErr *layer.FrameError
@@ -62,8 +73,6 @@ func statusOf(err error) C.cn_status {
 		panicErr internalError
 	)
 	switch {
-	case err == nil:
-		return C.CN_OK
 	case errors.As(err, &connErr): // first: it wraps whatever made the connect fail
 		return C.CN_NO_SERVER
 	case errors.As(err, &argErr):
@@ -137,18 +146,30 @@ func recoverInGoroutine(c *client) {
 
 // goString copies a C string argument, which must be valid UTF-8; name says which argument.
 func goString(p *C.char, name string, required bool) (string, error) {
-	if p == nil {
-		if required {
-			return "", argError(name + " must not be NULL")
-		}
+	if p == nil && !required {
 		return "", nil
 	}
-	s := C.GoString(p)
+	s, err := lentString(p, name)
+	return strings.Clone(s), err
+}
+
+// lentString reads a required C string argument in place, without copying it: valid during the
+// call only, so nothing may keep it (copy it with strings.Clone first).
+func lentString(p *C.char, name string) (string, error) {
+	if p == nil {
+		return "", argError(name + " must not be NULL")
+	}
+	s := unsafe.String((*byte)(unsafe.Pointer(p)), C.strlen(p))
 	if !utf8.ValidString(s) {
 		return "", argError(name + " is not valid UTF-8")
 	}
 	return s, nil
 }
+
+// storeAddress writes a pointer into a host's pointer out-parameter as an integer. A store of a
+// Go pointer type into C memory would run the write barrier, which also looks at the value being
+// overwritten: a stale lent body, possibly freed since, or uninitialized garbage.
+func storeAddress(out unsafe.Pointer, address uintptr) { *(*uintptr)(out) = address }
 
 // cBytes lends a C buffer to Go without copying; valid only during the call.
 func cBytes(p *C.uint8_t, n C.size_t, name string) ([]byte, error) {

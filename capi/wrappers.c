@@ -35,18 +35,6 @@ void bridge_set_last_error(const char *text) {
     cn_error_text[n] = '\0';
 }
 
-void bridge_set_result(cn_result *result, cn_op op, uintptr_t closure, cn_status status,
-                       const char *text, uintptr_t data, size_t len) {
-    result->op = op;
-    result->closure = (void *)closure;
-    result->status = status;
-    result->text = text;
-    result->data = (const uint8_t *)data;
-    result->len = len;
-}
-
-void bridge_store_pointer(void *out, uintptr_t value) { *(void **)out = (void *)value; }
-
 void bridge_invoke_log(cn_log_callback callback, uintptr_t closure, int level, const char *message) {
     cn_in_log_callback++;
     callback((void *)closure, level, message);

@@ -1666,3 +1666,54 @@ func TestMessagingReceiveReadyMessageReturnsAtOnce(t *testing.T) {
 		t.Fatalf("Delivered = %d, want 1", got)
 	}
 }
+
+// TakeWaiting is the receive that need not wait: it hands out what a mailbox that was received
+// on before holds, oldest first, skips what expired, and leaves everything else to StartReceive.
+func TestMessagingTakeWaiting(t *testing.T) {
+	s := startServer(t)
+	cfg := testConfig(nil, s.url())
+	cfg.Expiry = 300 * time.Millisecond
+	a := connect(t, cfg)
+	b := connect(t, testConfig(nil, s.url()))
+	ch := msgNewChannel(t, a)
+	if _, ok := a.TakeWaiting(ch); ok {
+		t.Fatal("TakeWaiting took from a channel that was never received on")
+	}
+	if _, ok := a.TakeWaiting("no-such-channel"); ok {
+		t.Fatal("TakeWaiting took from a plain channel with no mailbox")
+	}
+	msgSend(t, b, ch, map[string]any{"type": "first"})
+	if got := msgRecv(t, a, ch); got["type"] != "first" { // makes the mailbox and its subscription
+		t.Fatalf("got %v", got)
+	}
+	if _, ok := a.TakeWaiting(ch); ok {
+		t.Fatal("TakeWaiting took from an empty mailbox")
+	}
+	for _, kind := range []string{"second", "third"} {
+		msgSend(t, b, ch, map[string]any{"type": kind})
+	}
+	waitFor(t, 5*time.Second, "two messages to arrive", func() bool { return msgQueued(a, ch) == 2 })
+	for _, want := range []string{"second", "third"} {
+		msg, ok := a.TakeWaiting(ch)
+		if !ok {
+			t.Fatalf("TakeWaiting found no %s message", want)
+		}
+		var got map[string]any
+		if err := msgpack.Unmarshal(msg.Body, &got); err != nil || got["type"] != want || msg.Channel != ch {
+			t.Fatalf("got %v on %q (%v), want %s on %q", got, msg.Channel, err, want, ch)
+		}
+	}
+	msgSend(t, b, ch, map[string]any{"type": "stale"})
+	waitFor(t, 5*time.Second, "the stale message to arrive", func() bool { return msgQueued(a, ch) == 1 })
+	time.Sleep(400 * time.Millisecond) // past expiry (not an assertion)
+	if _, ok := a.TakeWaiting(ch); ok {
+		t.Fatal("TakeWaiting handed out an expired message")
+	}
+	if got := a.Stats().Dropped.Expired; got != 1 {
+		t.Fatalf("Dropped.Expired = %d, want 1", got)
+	}
+	_ = a.Close()
+	if _, ok := a.TakeWaiting(ch); ok {
+		t.Fatal("TakeWaiting took from a closed layer")
+	}
+}

@@ -28,6 +28,9 @@ type Message struct {
 // A process channel must belong to this client (*ForeignChannelError, S12); the name "X!" of this
 // client receives every process channel message that has no mailbox of its own (S13). The first
 // receive of a plain channel subscribes to it and waits for the server's confirmation (S1).
+//
+// StartReceive keeps a copy of channel, never channel itself: a host may pass a name it only
+// lends for the call.
 func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Message, *Op, error) {
 	l.mu.Lock()
 	if l.closed {
@@ -40,6 +43,7 @@ func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Mess
 		s = mb.feed // the common case, a receive on a channel received on before: checked then
 	} else {
 		l.mu.Unlock()
+		channel = strings.Clone(channel) // it names the mailbox and the subscription from now on
 		if err := ValidateChannelName(channel); err != nil {
 			return Message{}, nil, err
 		}
@@ -108,6 +112,21 @@ func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Mess
 	return Message{}, op, nil
 }
 
+// TakeWaiting returns the oldest live message of channel when one is waiting in a mailbox that
+// was received on before: the common case of a receive that need not wait, with nothing
+// allocated. It never retains channel, so a host may pass a name it only lends for the call.
+// ok false says nothing about why: StartReceive then does the whole receive (and reports any
+// error).
+func (l *Layer) TakeWaiting(channel string) (msg Message, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	mb := l.mailboxes[channel]
+	if l.closed || mb == nil || len(mb.entries) == 0 || mb.feed == nil || mb.feed.dropped || !mb.feed.confirmed {
+		return Message{}, false
+	}
+	return l.popLocked(mb, time.Now())
+}
+
 // takeOrWait returns the oldest live message of mb, or makes the receive wait for one. l.mu
 // must be held.
 func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, error)) (Message, *Op) {
@@ -116,19 +135,19 @@ func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, err
 	}
 	p := &pendingReceive{}
 	p.recv = &p.waiter
-	l.listWaiter(&p.waiter, mb, &p.Op, deliver)
+	l.listWaiter(&p.waiter, mb, &p.Op, deliver, now)
 	return Message{}, &p.Op
 }
 
 // addWaiter lists a receive in mb. l.mu must be held.
 func (l *Layer) addWaiter(mb *mailbox, op *Op, deliver func(Message, error)) *waiter {
 	w := &waiter{}
-	l.listWaiter(w, mb, op, deliver)
+	l.listWaiter(w, mb, op, deliver, time.Now())
 	return w
 }
 
-func (l *Layer) listWaiter(w *waiter, mb *mailbox, op *Op, deliver func(Message, error)) {
-	mb.readAt = time.Now()
+func (l *Layer) listWaiter(w *waiter, mb *mailbox, op *Op, deliver func(Message, error), now time.Time) {
+	mb.readAt = now
 	w.l, w.mb, w.op, w.deliver, w.listed = l, mb, op, deliver, true
 	mb.waiters = append(mb.waiters, w)
 }

@@ -391,3 +391,64 @@ func TestFlush(t *testing.T) {
 		t.Errorf("stats after cn_flush: groups = %v, want 0", s["groups"])
 	}
 }
+
+// The library reads the channel name of cn_receive in place and keeps only copies: a host may
+// overwrite its buffer once the call returns, for a receive that subscribes (a plain channel's
+// first), one that waits in an existing mailbox, and one that finds a message waiting.
+func TestReceiveNameBufferReused(t *testing.T) {
+	ts := startServer(t)
+	c := connect(t, ts.url, nil)
+	other := connect(t, ts.url, nil)
+	ch := uniq(t, "reused")
+	q := newQueue(t)
+	buffer := []byte(ch + "\x00")
+	receive := func() (int32, uint64) {
+		var out, n uintptr
+		var op uint64
+		st, msg := onThread(func() int32 { return cnReceive(c.h, &buffer[0], q.h, 0, &out, &n, &op) })
+		for i := range len(buffer) - 1 { // another name of the same length, as a reused buffer would hold
+			buffer[i] = 'x'
+		}
+		if st != cnPending && st != cnOK {
+			t.Fatalf("cn_receive: %s (%s)", name(st), msg)
+		}
+		return st, op
+	}
+	deliverTo := func(op uint64, n int) {
+		t.Helper()
+		other.send(ch, numbered(t, n))
+		if r := q.one(); r.Op != op || r.Status != cnOK || numberOf(r.Data) != n {
+			t.Fatalf("result %v, want op %d with message %d", r, op, n)
+		}
+	}
+	st, op := receive()
+	if st != cnPending {
+		t.Fatalf("first receive: %s, want CN_PENDING", name(st))
+	}
+	ts.waitInterest(t, "channels.ch."+ch)
+	deliverTo(op, 1)
+
+	copy(buffer, ch)
+	if st, op = receive(); st != cnPending {
+		t.Fatalf("second receive: %s, want CN_PENDING", name(st))
+	}
+	deliverTo(op, 2)
+
+	other.send(ch, numbered(t, 3))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		copy(buffer, ch)
+		var out, n uintptr
+		var op uint64
+		st, _ := onThread(func() int32 { return cnReceive(c.h, &buffer[0], q.h, 0, &out, &n, &op) })
+		if st == cnOK {
+			if got := numberOf(cBytes(out, n)); got != 3 {
+				t.Fatalf("cn_receive: message %d, want 3", got)
+			}
+			return
+		}
+		if st != cnPending || time.Now().After(deadline) {
+			t.Fatalf("cn_receive: %s, want message 3 waiting in the mailbox", name(st))
+		}
+		cnCancel(c.h, op) // it had not arrived yet
+	}
+}
