@@ -20,6 +20,7 @@ import (
 // would keep even nats.go's own Close waiting until the write deadline.
 type dialer struct {
 	timeout time.Duration
+	dialing func() // called as nats.go starts a dial, while it holds its connection lock
 	mu      sync.Mutex
 	open    map[*trackedConn]struct{}
 }
@@ -30,6 +31,9 @@ func newDialer(timeout time.Duration) *dialer {
 
 // Dial is nats.CustomDialer's method.
 func (d *dialer) Dial(network, address string) (net.Conn, error) {
+	if d.dialing != nil {
+		d.dialing()
+	}
 	c, err := net.DialTimeout(network, address, d.timeout)
 	if err != nil {
 		return nil, err

@@ -200,6 +200,7 @@ func Connect(ctx context.Context, cfg Config) (*Layer, error) {
 	l.drops = newDropReporter(l.log)
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	l.link = newLink(l)
+	l.dialer.dialing = l.link.dialing
 	nc, err := l.connectFirst(ctx)
 	if err != nil {
 		l.stop()

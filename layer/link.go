@@ -14,6 +14,9 @@ import (
 // No caller ever waits on nats.go: nats.go writes to the socket while it holds its connection
 // lock, so any call into it can block for as long as a stalled socket takes to time out.
 //
+// A publish skips the queue when nothing can make nats.go block it (tryInline): then the caller
+// hands it to nats.go itself, and no goroutine has to wake up for it.
+//
 // Publishes are bounded, as asyncio's transports bound their write buffers: a send is accepted
 // at once while the queued bytes are under the high-water mark (and nobody waits before it);
 // otherwise it waits as an Op until the writer has brought the queue down to the low-water mark,
@@ -42,10 +45,13 @@ type link struct {
 	lost       Tally
 	accepted   uint64
 	timeouts   uint64
-	refusing   bool // Close began: publishes are refused
-	stopping   bool // the writer ends once the queue is written
-	abandoned  bool // the writer ends at once; what it holds was counted as lost
-	confirming bool // a confirmation round trip is in flight
+	refusing   bool   // Close began: publishes are refused
+	stopping   bool   // the writer ends once the queue is written
+	abandoned  bool   // the writer ends at once; what it holds was counted as lost
+	confirming bool   // a confirmation round trip is in flight
+	writing    bool   // the writer holds a batch it has not accounted for yet
+	inline     Tally  // handed to nats.go right now by callers of tryInline
+	failures   uint64 // connections that failed (disconnected)
 }
 
 // linkItem is one queued write: a publish (msg) or a subscription change (run).
@@ -78,6 +84,11 @@ type genKey struct {
 }
 
 const (
+	// inlineLimit bounds what the server may not have confirmed yet (a publish written inline
+	// included) for tryInline. Those bytes are all that can sit in nats.go's write buffer, which
+	// nats.go writes to the socket in the publishing call only from 32 KiB, and in the kernel's
+	// socket buffers, which are larger: a socket write cannot block below it.
+	inlineLimit  = 16 << 10
 	linkBatch    = 256                    // items the writer takes at once
 	busyPause    = 20 * time.Millisecond  // before a retry when nats.go was reconnecting
 	downPause    = 250 * time.Millisecond // longest the writer sleeps while the connection is down
@@ -130,6 +141,56 @@ func (k *link) publish(m *nats.Msg, size int, pooled bool, done func(error)) (*O
 	k.waiting = append(k.waiting, w)
 	k.mu.Unlock()
 	return w.op, nil
+}
+
+// tryInline hands m (size bytes on the wire) to nats.go on the caller's thread, when that cannot
+// block: the connection is up, nothing is queued, waiting or in the writer's hands (the order of
+// publishes), and what the server has not confirmed stays under inlineLimit, m included. nats.go
+// copies m.Data before this returns. It reports whether m was taken: false leaves m to publish.
+func (k *link) tryInline(m *nats.Msg, size int) bool {
+	t := Tally{1, uint64(size)}
+	k.mu.Lock()
+	unconfirmed := k.handed.minus(k.confirmed)
+	if k.refusing || k.stopping || !k.up || k.writing || len(k.queue) > 0 || len(k.waiting) > 0 ||
+		unconfirmed.Bytes+k.inline.Bytes+t.Bytes > inlineLimit {
+		k.mu.Unlock()
+		return false
+	}
+	nc, failures := k.nc, k.failures
+	k.inline.add(t)
+	k.mu.Unlock()
+
+	err := nc.PublishMsg(m)
+
+	k.mu.Lock()
+	k.inline = k.inline.minus(t)
+	if err != nil && connectionBusy(err) { // the connection failed meanwhile: queue it after all
+		k.mu.Unlock()
+		return false
+	}
+	k.accepted++
+	var lost string
+	switch {
+	case err != nil && refusedAtOnce(err):
+		lost = "the server refused it: " + k.l.redact.text(err.Error())
+	case k.failures != failures:
+		// The connection failed while m was handed over: on which socket it went is unknown, and
+		// what that socket held unconfirmed was counted already. It counts as lost with it.
+		lost = "the connection failed while it was written; it may have reached the server"
+	default:
+		k.handed.add(t)
+	}
+	if lost != "" {
+		k.lost.add(t)
+	}
+	k.mu.Unlock()
+	if lost != "" {
+		k.l.log(LevelWarning, fmt.Sprintf("channels_nats: 1 publish(es) (%d bytes) counted as lost: %s", t.Bytes, lost))
+	}
+	if err != nil && !refusedAtOnce(err) {
+		_ = nc.ForceReconnect() // as in write: the socket failed, replace it at once
+	}
+	return true
 }
 
 // fits reports whether size more bytes may be queued now. One publish is always taken into an
@@ -274,6 +335,7 @@ func (k *link) next() (batch []linkItem, nc *nats.Conn, ok bool) {
 			clear(k.queue[:n]) // the queue no longer holds the bodies
 			k.queue = k.queue[n:]
 			nc = k.nc
+			k.writing = true
 			k.mu.Unlock()
 			return batch, nc, true
 		}
@@ -328,6 +390,7 @@ func (k *link) write(batch []linkItem, nc *nats.Conn) bool {
 		return true
 	}
 	k.queued = k.queued.minus(done)
+	k.writing = false
 	k.observeLocked(before)
 	if after == before {
 		k.handed.add(handed)
@@ -435,11 +498,21 @@ func (k *link) connected(nc *nats.Conn) {
 	k.signal()
 }
 
+// dialing records that nats.go is opening a socket (a reconnect, or another server of the
+// list): it holds its connection lock meanwhile, through the handshake, so no caller may publish
+// inline until the connection is up again. The disconnect callback says so too, but later.
+func (k *link) dialing() {
+	k.mu.Lock()
+	k.up = false
+	k.mu.Unlock()
+}
+
 // disconnected records that nc lost its socket: what it had not confirmed is lost.
 func (k *link) disconnected(nc *nats.Conn) {
 	k.mu.Lock()
 	if nc == k.nc {
 		k.up = false
+		k.failures++
 		if !k.abandoned {
 			k.loseUnconfirmedLocked("the connection failed before the server confirmed them")
 		}

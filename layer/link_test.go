@@ -301,6 +301,46 @@ func TestLinkBackpressure(t *testing.T) {
 	}
 }
 
+// TestLinkInlinePublish: on a healthy link with little unconfirmed, a send is handed to nats.go
+// before StartGroupSend returns (on the caller's thread, no writer wake-up), and such sends keep
+// their order with the ones that went through the queue.
+func TestLinkInlinePublish(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	const group, count = "lk-inline", 40
+	sub := lkSubscribe(t, s.url(), "channels.grp."+group)
+	nc := a.link.conn()
+	for n := range count {
+		size, mustInline := 100, n%10 < 8
+		if n%10 == 8 {
+			size, mustInline = inlineLimit+1, false // too large to go inline: through the writer
+		}
+		before := nc.Stats().OutMsgs
+		sd := lkStartGroupSend(t, a, group, n, lkBody(t, n, size))
+		if sd.op != nil {
+			t.Fatalf("send %d waits for room on an idle link", n)
+		}
+		if after := nc.Stats().OutMsgs; mustInline && after != before+1 {
+			t.Fatalf("send %d: nats.go took %d message(s) during StartGroupSend, want 1 (handed on the caller's thread)", n, after-before)
+		}
+		if n%10 == 9 { // behind the large one, in the queue or not: let the link settle
+			waitFor(t, 5*time.Second, "the link to settle", func() bool { return linkSettled(a) })
+		}
+	}
+	got := sub.drain(t, 500*time.Millisecond, 2*count)
+	if len(got) != count {
+		t.Fatalf("%d of %d messages arrived: %v", len(got), count, got)
+	}
+	for i, n := range got {
+		if n != i {
+			t.Fatalf("arrival order %v, want 0..%d", got, count-1)
+		}
+	}
+	if st := a.Stats(); st.Published != count || st.Lost.Messages != 0 {
+		t.Fatalf("Published %d, Lost %+v; want %d and none", st.Published, st.Lost, count)
+	}
+}
+
 // TestLinkPublishDeadline: with the link stalled and a short PublishDeadline, a send waiting for
 // room fails after the deadline with a *PublishTimeoutError (errors.Is ErrPublishTimeout) that
 // says why, and nothing of it is sent; PublishTimeouts counts them. A waiting send that is

@@ -44,9 +44,13 @@ func (l *Layer) startPublish(m *nats.Msg, done func(error)) (*Op, error) {
 	if limit := l.maxPayload.Load(); size > limit {
 		return nil, &MessageTooLargeError{Size: size, MaxPayload: limit}
 	}
+	wire := int(size) + len(m.Subject)
+	if l.link.tryInline(m, wire) { // nats.go copied the body: no copy of ours is needed
+		return nil, nil
+	}
 	data, pooled := copyBody(m.Data)
 	m.Data = data
-	op, err := l.link.publish(m, int(size)+len(m.Subject), pooled, done)
+	op, err := l.link.publish(m, wire, pooled, done)
 	if err != nil && pooled {
 		releaseBody(data)
 	}

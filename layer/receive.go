@@ -38,10 +38,9 @@ func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Mess
 		return Message{}, nil, ErrClosed
 	}
 	now := time.Now()
-	mb, s := l.mailboxes[channel], (*subscription)(nil)
-	if mb != nil && mb.feed != nil && !mb.feed.dropped {
-		s = mb.feed // the common case, a receive on a channel received on before: checked then
-	} else {
+	mb := l.mailboxes[channel]
+	s := liveFeed(mb) // the common case: a channel received on before, checked then
+	if s == nil {
 		l.mu.Unlock()
 		channel = strings.Clone(channel) // it names the mailbox and the subscription from now on
 		if err := ValidateChannelName(channel); err != nil {
@@ -121,10 +120,22 @@ func (l *Layer) TakeWaiting(channel string) (msg Message, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	mb := l.mailboxes[channel]
-	if l.closed || mb == nil || len(mb.entries) == 0 || mb.feed == nil || mb.feed.dropped || !mb.feed.confirmed {
+	if l.closed || mb == nil || len(mb.entries) == 0 {
+		return Message{}, false
+	}
+	if s := liveFeed(mb); s == nil || !s.confirmed {
 		return Message{}, false
 	}
 	return l.popLocked(mb, time.Now())
+}
+
+// liveFeed is the subscription that feeds mb, when a receive made it and it was not dropped
+// since; nil otherwise (mb may be nil). l.mu must be held.
+func liveFeed(mb *mailbox) *subscription {
+	if mb == nil || mb.feed == nil || mb.feed.dropped {
+		return nil
+	}
+	return mb.feed
 }
 
 // takeOrWait returns the oldest live message of mb, or makes the receive wait for one. l.mu
