@@ -1,13 +1,15 @@
 """Run the benchmark scenarios for every layer, then write JSON, a markdown table and a chart.
 
     build/venv/bin/python bench/run.py [--scenarios fanout,pingpong] [--sizes 1000,10000]
-        [--procs 2,4] [--layers nats,reference,redis] [--repeats 3] [--skip-setup]
+        [--procs 2,4] [--layers nats,reference,redis] [--repeats 3] [--baseline REV] [--skip-setup]
 
 Prerequisites are made first (make lib server venv, pip install -r bench/requirements.txt,
 redis-server from apt, the reference root via make-reference-env.sh); nats-server and
 redis-server are started on free loopback ports and stopped at the end. Each (scenario, params,
-layer) runs --repeats times in a fresh process with a timeout; the report keeps every run and
-the median, min and max of each metric. See bench/README.md.
+layer) runs --repeats times in a fresh process with a timeout, the layers of a cell taking turns
+(repeat 1 of every layer, then repeat 2, ...); the report keeps every run and the median, min and
+max of each metric. --baseline REV adds this layer as built from revision REV (layer
+`baseline`), for a before-and-after in one run. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -41,18 +43,24 @@ ROOT = BUILD / "reference" / "root"
 LAYERS_PY = "/opt/layers/bin/python"
 LAYERS_SRC = "/opt/layers-src"
 LAYERS_ENV = {"PYTHONPATH": LAYERS_SRC, "CHANNELS_NATS_LIBRARY": f"{LAYERS_SRC}/libchannels_nats.so"}
-PYTHON_LAYERS = ("nats", "redis", "redis-pubsub", "inmemory")
+# The layer as built from --baseline REV: a git worktree under build/baseline, its package copied
+# into the root like this tree's.
+BASELINES = BUILD / "baseline"
+BASELINE_SRC = "/opt/baseline-src"
+BASELINE_ENV = {"PYTHONPATH": BASELINE_SRC, "CHANNELS_NATS_LIBRARY": f"{BASELINE_SRC}/libchannels_nats.so"}
+PYTHON_LAYERS = ("nats", "baseline", "redis", "redis-pubsub", "inmemory")
 ROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 
 ALL_SCENARIOS = ("fanout", "saturation", "pingpong", "throughput", "connections", "memory")
-ALL_LAYERS = ("nats", "reference", "redis", "redis-pubsub", "inmemory", "raw")
+ALL_LAYERS = ("nats", "baseline", "reference", "redis", "redis-pubsub", "inmemory", "raw")
+DEFAULT_LAYERS = ("nats", "reference", "redis", "redis-pubsub", "inmemory", "raw")
 # Which layers each scenario runs for (raw: bench/rawnats; memory: bench/memory.py).
 SCENARIO_LAYERS = {
-    "fanout": ("nats", "reference", "redis", "redis-pubsub", "raw"),
-    "saturation": ("nats", "reference", "redis", "redis-pubsub", "raw"),
-    "pingpong": ("nats", "reference", "redis", "redis-pubsub", "raw"),
-    "throughput": ("nats", "reference", "redis", "redis-pubsub", "inmemory", "raw"),
-    "connections": ("nats", "reference", "redis", "redis-pubsub"),
+    "fanout": ("nats", "baseline", "reference", "redis", "redis-pubsub", "raw"),
+    "saturation": ("nats", "baseline", "reference", "redis", "redis-pubsub", "raw"),
+    "pingpong": ("nats", "baseline", "reference", "redis", "redis-pubsub", "raw"),
+    "throughput": ("nats", "baseline", "reference", "redis", "redis-pubsub", "inmemory", "raw"),
+    "connections": ("nats", "baseline", "reference", "redis", "redis-pubsub"),
     "memory": ("nats", "reference", "redis", "redis-pubsub", "inmemory"),
 }
 # The figure each table row shows, per scenario, and whether lower is better.
@@ -86,6 +94,12 @@ def output(cmd: list[str], **kwargs: Any) -> str:
 def in_root(args: list[str], env: dict[str, str] | None = None) -> list[str]:
     envs = {**ROOT_ENV, **(env or {})}
     return ["env", "-i", *(f"{k}={v}" for k, v in envs.items()), "chroot", str(ROOT), *args]
+
+
+class Baseline:
+    """The revision of --baseline, as a full commit id ('' without it)."""
+
+    rev = ""
 
 
 class Where:
@@ -149,6 +163,10 @@ def setup(args: argparse.Namespace, layers: set[str]) -> dict[str, str]:
             Where.why_host = "bench/layers-env.sh failed (see its output)"
         else:
             Where.in_root = True
+    if "baseline" in layers:
+        why = build_baseline(Baseline.rev)
+        if why:
+            missing["baseline"] = why
     if "raw" in layers:
         say("go build -o build/bench/rawnats ./bench/rawnats")
         if not (BENCH / "rawnats").is_dir():
@@ -156,6 +174,36 @@ def setup(args: argparse.Namespace, layers: set[str]) -> dict[str, str]:
         elif subprocess.run(["go", "build", "-o", str(RAW), "./bench/rawnats"], cwd=REPO, stdout=sys.stderr).returncode:
             missing["raw"] = "go build ./bench/rawnats failed"
     return missing
+
+
+def baseline_dir(rev: str) -> Path:
+    return BASELINES / rev[:12]
+
+
+def build_baseline(rev: str) -> str:
+    """Builds this layer at revision rev (a full commit id) in a worktree; '' or why not."""
+    tree = baseline_dir(rev)
+    if not (tree / "python" / "channels_nats").is_dir():
+        say(f"git worktree add build/baseline/{rev[:12]}")
+        subprocess.run(["git", "worktree", "prune"], cwd=REPO, stdout=sys.stderr)
+        shutil.rmtree(tree, ignore_errors=True)
+        if subprocess.run(
+            ["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO, stdout=sys.stderr
+        ).returncode:
+            return f"git worktree add of {rev} failed"
+    say(f"make lib in build/baseline/{rev[:12]}")
+    if subprocess.run(["make", "--no-print-directory", "lib"], cwd=tree, stdout=sys.stderr).returncode:
+        return f"make lib failed at {rev}"
+    return ""
+
+
+def install_baseline(rev: str) -> None:
+    """Copies the baseline's package, library and header into the root (like bench/layers-env.sh)."""
+    tree, target = baseline_dir(rev), ROOT / BASELINE_SRC.lstrip("/")
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(tree / "python" / "channels_nats", target / "channels_nats")
+    shutil.copy2(tree / "build" / "linux-amd64" / "libchannels_nats.so", target)
+    shutil.copy2(tree / "include" / "channels_nats.h", target)
 
 
 class Servers:
@@ -273,7 +321,7 @@ def scenario_params(args: argparse.Namespace, scenario: str) -> list[dict[str, A
 def command(scenario: str, params: dict[str, Any], layer: str, servers: Servers) -> list[str]:
     url = servers.redis_url if layer.startswith("redis") else servers.nats_url
     flags = [f"--{k}={v}" for k, v in params.items()]
-    if scenario == "connections" and layer in ("nats", "reference"):
+    if scenario == "connections" and layer in ("nats", "baseline", "reference"):
         flags.append(f"--monitor={servers.monitor}")
     if layer == "raw":
         names = {"processes": "procs", "rounds": "roundtrips", "bound": "timeout"}
@@ -284,11 +332,17 @@ def command(scenario: str, params: dict[str, Any], layer: str, servers: Servers)
         where = "--redis" if layer.startswith("redis") else "--nats"
         in_root_flag = ["--in-root"] if Where.in_root else []
         return [str(VENV_PY), str(MEMORY), "--layer", layer, where, url, *in_root_flag, *flags]
-    args = ["/opt/bench/scenarios.py", scenario, "--layer", layer, "--url", url, *flags]
+    args = ["/opt/bench/scenarios.py", scenario, "--layer", "nats" if layer == "baseline" else layer, "--url", url]
+    args += flags
     if layer == "reference":
         return in_root(["/opt/ref/bin/python", *args])
     if Where.in_root:
-        return in_root([LAYERS_PY, *args], LAYERS_ENV)
+        return in_root([LAYERS_PY, *args], BASELINE_ENV if layer == "baseline" else LAYERS_ENV)
+    if layer == "baseline":
+        tree = baseline_dir(Baseline.rev)
+        lib = tree / "build" / "linux-amd64" / "libchannels_nats.so"
+        env = [f"PYTHONPATH={tree / 'python'}", f"CHANNELS_NATS_LIBRARY={lib}"]
+        return ["env", *env, str(VENV_PY), str(BENCH / "scenarios.py"), *args[1:]]
     return [str(VENV_PY), str(BENCH / "scenarios.py"), *args[1:]]
 
 
@@ -362,6 +416,8 @@ def measured(missing: dict[str, str]) -> dict[str, Any]:
         "kernel": platform.release(),
         "unavailable": missing,
     }
+    if Baseline.rev:
+        info["baseline"] = output(["git", "describe", "--tags", "--always", Baseline.rev], cwd=REPO)
     info["python_layers"] = (
         output(in_root([LAYERS_PY, "-c", "import platform; print(platform.python_version())"])) + " (reference root)"
         if Where.in_root
@@ -410,6 +466,7 @@ def fmt(value: float) -> str:
 
 def markdown(report: dict[str, Any], layers: list[str]) -> str:
     m = report["measured"]
+    against = [other for other in ("baseline", "reference", "redis") if other in layers or other != "baseline"]
     lines = [
         f"# Benchmark results {m['date']}",
         "",
@@ -421,9 +478,14 @@ def markdown(report: dict[str, Any], layers: list[str]) -> str:
         f" {m['nats_server']}, {m['redis_server'].split(' sha=')[0]}.",
         f"Repeats per cell: {report['repeats']}; cells are median (min-max). Lower is better for ms and connections,"
         " higher for /s. Ratios are ours/other on the medians.",
+        *(
+            [f"The layer `baseline` is this layer at revision `{m['baseline']}`, run in turn with the tree's."]
+            if m.get("baseline")
+            else []
+        ),
         "",
-        "| scenario | metric | " + " | ".join(layers) + " | ours/reference | ours/redis |",
-        "|---|---|" + "---|" * (len(layers) + 2),
+        "| scenario | metric | " + " | ".join(layers) + "".join(f" | ours/{other}" for other in against) + " |",
+        "|---|---|" + "---|" * (len(layers) + len(against)),
     ]
     for entry in report["results"]:
         scenario, params = entry["scenario"], entry["params"]
@@ -456,7 +518,8 @@ def markdown(report: dict[str, Any], layers: list[str]) -> str:
             lines.append(
                 f"| {row_label(scenario, params)} | {metric} | "
                 + " | ".join(cells)
-                + f" | {ratio('reference')} | {ratio('redis')} |"
+                + "".join(f" | {ratio(other)}" for other in against)
+                + " |"
             )
     errors = [
         f"- {row_label(e['scenario'], e['params'])} / {layer}: {err}"
@@ -532,7 +595,13 @@ ESTIMATE = {"fanout": 6.0, "saturation": 6.0, "pingpong": 4.0, "throughput": 2.0
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", default="fanout,saturation,pingpong,throughput,connections,memory")
-    parser.add_argument("--layers", default=",".join(ALL_LAYERS))
+    parser.add_argument("--layers", default=",".join(DEFAULT_LAYERS), help="(baseline comes with --baseline)")
+    parser.add_argument(
+        "--baseline",
+        default="",
+        metavar="REV",
+        help="also run this layer as built from git revision REV (layer 'baseline'), turn about with the tree's",
+    )
     parser.add_argument("--sizes", default="1000,10000", help="fan-out members (N)")
     parser.add_argument("--procs", default="2,4", help="fan-out worker processes (P)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -555,11 +624,27 @@ def main() -> None:
         bad = [c for c in chosen if c not in known]
         if bad:
             raise SystemExit(f"bench: unknown {name}(s) {bad}; known: {', '.join(known)}")
+    if args.baseline:
+        found = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{args.baseline}^{{commit}}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        if found.returncode:
+            raise SystemExit(f"bench: --baseline {args.baseline} is not a commit of this repository")
+        Baseline.rev = found.stdout.strip()
+        if "baseline" not in layers:
+            layers.insert(layers.index("nats") + 1 if "nats" in layers else 0, "baseline")
+    elif "baseline" in layers:
+        raise SystemExit("bench: the layer baseline needs --baseline REV")
 
     t0 = time.time()
     missing = {} if args.skip_setup else setup(args, set(layers))
     if "memory" in args.scenarios and not MEMORY.exists():
         missing["memory"] = "bench/memory.py does not exist"
+    if "baseline" in layers and not (baseline_dir(Baseline.rev) / "build/linux-amd64/libchannels_nats.so").exists():
+        missing.setdefault("baseline", f"build/baseline/{Baseline.rev[:12]} was not built")
     if "raw" in layers and not RAW.exists():
         missing.setdefault("raw", "build/bench/rawnats was not built")
     if "reference" in layers and not (ROOT / "opt/ref/bin/python").is_symlink():
@@ -589,6 +674,8 @@ def main() -> None:
             Where.in_root = True  # as the last bench/layers-env.sh left it
         else:
             Where.why_host = "--skip-setup, and the root has no /opt/layers venv (bench/layers-env.sh)"
+    if Where.in_root and "baseline" in layers and "baseline" not in missing:
+        install_baseline(Baseline.rev)
     if ("reference" in layers and "reference" not in missing) or Where.in_root:
         (ROOT / "opt/bench").mkdir(parents=True, exist_ok=True)
         shutil.copy2(BENCH / "scenarios.py", ROOT / "opt/bench/scenarios.py")
@@ -600,35 +687,40 @@ def main() -> None:
     interrupted = False
     index: dict[str, dict[str, Any]] = {}
     try:
+        cells: dict[str, list[str]] = {}  # cell key -> its layers, in the order of todo
         for scenario, params, layer in todo:
-            key = json.dumps([scenario, params], sort_keys=True)
+            cells.setdefault(json.dumps([scenario, params], sort_keys=True), []).append(layer)
+        for key, cell_layers in cells.items():
+            scenario, params = json.loads(key)
             entry = index.setdefault(key, {"scenario": scenario, "params": params, "layers": {}})
-            if entry not in results:
-                results.append(entry)
-            runs: list[dict[str, Any]] = []
-            for repeat in range(args.memory_repeats if scenario == "memory" else args.repeats):
-                if layer == "reference" or (Where.in_root and layer in PYTHON_LAYERS):
-                    mount.ensure()  # again: a memory run takes down the mount it found
-                cmd = command(scenario, params, layer, servers)
-                run = run_one(cmd, args.timeout)
-                runs.append(run)
-                done += 1
-                spent += run["seconds"]
-                left = (runs_total - done) * spent / done
-                figure = (
-                    ", ".join(f"{k}={fmt(v)}" for k, v in run["metrics"].items() if isinstance(v, (int, float)))[:150]
-                    if "metrics" in run
-                    else run["error"][:200]
-                )
-                say(
-                    f"[{done}/{runs_total} ETA {left / 60:.1f} min] {row_label(scenario, params)} {layer}"
-                    f" #{repeat + 1}: {figure}"
-                )
-            entry["layers"][layer] = {
-                "runs": runs,
-                "summary": summarize(runs),
-                "errors": [r["error"] for r in runs if "error" in r],
-            }
+            results.append(entry)
+            runs: dict[str, list[dict[str, Any]]] = {layer: [] for layer in cell_layers}
+            # The layers take turns, so that a slow spell of the machine does not fall on one.
+            for repeat in range(repeats(scenario)):
+                for layer in cell_layers:
+                    if layer == "reference" or (Where.in_root and layer in PYTHON_LAYERS):
+                        mount.ensure()  # again: a memory run takes down the mount it found
+                    run = run_one(command(scenario, params, layer, servers), args.timeout)
+                    runs[layer].append(run)
+                    done += 1
+                    spent += run["seconds"]
+                    left = (runs_total - done) * spent / done
+                    figure = (
+                        ", ".join(f"{k}={fmt(v)}" for k, v in run["metrics"].items() if isinstance(v, (int, float)))[
+                            :150
+                        ]
+                        if "metrics" in run
+                        else run["error"][:200]
+                    )
+                    say(
+                        f"[{done}/{runs_total} ETA {left / 60:.1f} min] {row_label(scenario, params)} {layer}"
+                        f" #{repeat + 1}: {figure}"
+                    )
+                    entry["layers"][layer] = {
+                        "runs": runs[layer],
+                        "summary": summarize(runs[layer]),
+                        "errors": [r["error"] for r in runs[layer] if "error" in r],
+                    }
     except KeyboardInterrupt:  # Ctrl-C: keep what was measured so far
         interrupted = True
         say("interrupted: writing the runs finished so far")
