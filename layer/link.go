@@ -188,7 +188,9 @@ func (k *link) tryInline(m *nats.Msg, size int) bool {
 		k.l.log(LevelWarning, fmt.Sprintf("channels_nats: 1 publish(es) (%d bytes) counted as lost: %s", t.Bytes, lost))
 	}
 	if err != nil && !refusedAtOnce(err) {
-		_ = nc.ForceReconnect() // as in write: the socket failed, replace it at once
+		// As in write: the socket failed, replace it at once; not here, where it would wait for
+		// nats.go's connection lock.
+		go func() { _ = nc.ForceReconnect() }()
 	}
 	return true
 }
