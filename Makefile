@@ -13,7 +13,7 @@ FUZZTIME    ?= 20000x
 FUZZMINIMIZETIME ?= 2s
 
 .DEFAULT_GOAL := help
-.PHONY: help server faultproxy lib venv lint lint-go lint-py test-go test-py test-py-matrix test-c examples install-check wheels wheels-check demo demo-check demo-browser wireview-venv wireview-check bench soak fuzz-smoke fuzz test clean
+.PHONY: help server faultproxy lib accelerator venv lint lint-go lint-py test-go test-py test-py-matrix test-c examples install-check wheels wheels-check demo demo-check demo-browser wireview-venv wireview-check bench soak fuzz-smoke fuzz test clean
 
 help: ## List the targets
 	@echo "Targets:"
@@ -37,6 +37,11 @@ PYTHON  := $(VENV)/bin/python
 PYRIGHT := $(BUILD)/node/node_modules/.bin/pyright
 PYRIGHT_VERSION := 1.1.414
 LIB_FILE = $(BUILD)/$(shell $(GO) env GOOS)-$(shell $(GO) env GOARCH)/libchannels_nats.so
+
+# The compiled cffi module beside the library (python/cffi_build.py): Python's fast way to call
+# it. Everything that runs Python against build/<goos>-<goarch>/ depends on it.
+accelerator: lib venv ## Build the compiled cffi module beside the library (Linux; else cffi's ABI mode is used)
+	$(PYTHON) python/cffi_build.py $(LIB_FILE)
 
 venv: $(VENV)/.installed ## The Python development environment in build/venv (pinned: python/requirements-dev.txt)
 
@@ -105,12 +110,12 @@ fuzz-smoke: ## Run every Go fuzz target for FUZZTIME (default 20000x: executions
 fuzz: ## Long fuzz run: fuzz-smoke with 300000 executions per target (1-2 minutes each here)
 	@$(MAKE) --no-print-directory fuzz-smoke FUZZTIME=300000x FUZZMINIMIZETIME=60s
 
-test-py: lib server faultproxy venv ## The Python package's tests (pytest) against nats-servers built from the Go module
+test-py: accelerator server faultproxy venv ## The Python package's tests (pytest) against nats-servers built from the Go module
 	cd python && CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) NATS_SERVER=$(abspath $(BUILD)/nats-server) \
 		FAULTPROXY=$(abspath $(BUILD)/faultproxy) \
 		../$(PYTHON) -m pytest $(PYTESTFLAGS)
 
-test-py-matrix: lib server faultproxy ## The Python tests and install-check on Python 3.10 and 3.13 too (pyenv's; PY_MATRIX="3.10 3.12 3.13")
+test-py-matrix: accelerator server faultproxy ## The Python tests and install-check on Python 3.10 and 3.13 too (pyenv's; PY_MATRIX="3.10 3.12 3.13")
 	bash python/matrix.sh
 
 install-check: venv server ## pip install ./python into a fresh venv (builds the library with Go), then two processes group_send
@@ -122,29 +127,29 @@ wheels: ## The five platform wheels and the sdist in build/wheels/dist (installs
 wheels-check: wheels server ## Prove the wheels: tags, exports, install with no Go, the C example under qemu and Wine, the sdist
 	bash wheels/check.sh
 
-demo: lib server venv ## Start nats-server, two Django chat processes and the Go front; prove a message crosses; serve until Ctrl-C
+demo: accelerator server venv ## Start nats-server, two Django chat processes and the Go front; prove a message crosses; serve until Ctrl-C
 	@CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/demo.py $(DEMO_ARGS)
 
-demo-check: lib server venv ## The demo's self-check under daphne, then uvicorn: proof lines both ways (and the Go front), a clean stop
+demo-check: accelerator server venv ## The demo's self-check under daphne, then uvicorn: proof lines both ways (and the Go front), a clean stop
 	CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/demo.py --check --require-gofront --server daphne
 	CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/demo.py --check --require-gofront --server uvicorn
 
-demo-browser: lib server venv ## Headless Chromium types into the chat on each process and sees it on the others
+demo-browser: accelerator server venv ## Headless Chromium types into the chat on each process and sees it on the others
 	CHANNELS_NATS_LIBRARY=$(abspath $(LIB_FILE)) $(PYTHON) examples/demo/browser_check.py --require-gofront
 
 WIREVIEW_VENV := $(BUILD)/wireview-venv
 
-wireview-venv: lib ## build/wireview-venv: Python 3.12+ from pyenv, examples/wireview/requirements.txt, ./python with the library
+wireview-venv: accelerator ## build/wireview-venv: Python 3.12+ from pyenv, examples/wireview/requirements.txt, ./python with the library
 	@CHANNELS_NATS_PREBUILT=$(abspath $(dir $(LIB_FILE))) bash examples/wireview/setup-venv.sh $(WIREVIEW_VENV)
 
 wireview-check: wireview-venv server $(PYRIGHT) ## pyright on examples/wireview; headless Chromium changes its todo list on one daphne process, sees it on the other
 	$(PYRIGHT) --pythonpath $(WIREVIEW_VENV)/bin/python -p examples/wireview
 	$(WIREVIEW_VENV)/bin/python examples/wireview/check.py
 
-bench: lib server venv ## Benchmarks: this layer vs the reference, channels_redis, in-memory, raw NATS (ARGS=...; see bench/README.md)
+bench: accelerator server venv ## Benchmarks: this layer vs the reference, channels_redis, in-memory, raw NATS (ARGS=...; see bench/README.md)
 	$(PYTHON) bench/run.py $(ARGS)
 
-soak: lib server venv ## Soak: mixed traffic with periodic broker restarts, RSS and goroutines over time (ARGS=...; bench/README.md)
+soak: accelerator server venv ## Soak: mixed traffic with periodic broker restarts, RSS and goroutines over time (ARGS=...; bench/README.md)
 	$(PYTHON) bench/soak.py $(ARGS)
 
 test-c: lib server ## The C harness against a real nats-server: checks, fork guard, valgrind, header as C++
@@ -156,8 +161,8 @@ examples: lib server ## Build and run the C and Rust examples against a real nat
 test: ## The one test command: linters, Go race tests, C harness, examples, Python tests, demo, fuzz
 	@echo "==> [1/10] lint: gofmt, go vet, ruff, pyright"
 	@$(MAKE) --no-print-directory lint
-	@echo "==> [2/10] lib, server: the C library and nats-server"
-	@$(MAKE) --no-print-directory lib server
+	@echo "==> [2/10] lib, accelerator, server: the C library, its compiled cffi module, nats-server"
+	@$(MAKE) --no-print-directory lib accelerator server
 	@echo "==> [3/10] test-go: go test -race (layer/, the C ABI through purego, the Go front)"
 	@$(MAKE) --no-print-directory test-go
 	@echo "==> [4/10] test-c: the C harness, fork guard and valgrind"

@@ -6,7 +6,8 @@
 #                                         bench/layers-requirements.txt: channels, channels_redis,
 #                                         daphne, msgpack, cffi
 #   build/reference/root/opt/layers-src   this tree's python/channels_nats, the library built by
-#                                         `make lib` and its header, copied fresh on every run
+#                                         `make lib`, its header and its compiled cffi module
+#                                         (`make accelerator`), copied fresh on every run
 #
 # Needs the root (python/tests/interop/make-reference-env.sh) and root privileges (chroot, mount).
 # The venv is made once; a changed requirements file makes it again. Exit status: 0 ready, 2 not
@@ -62,5 +63,9 @@ rm -rf "$src"
 mkdir -p "$src"
 cp -r python/channels_nats "$src/"
 cp "$lib" include/channels_nats.h "$src/"
+# The compiled cffi module (make accelerator), when there is one: without it the layer runs in
+# cffi's ABI mode, slower per call.
+compiled="$(dirname "$lib")/_cffi.abi3.so"
+if [ -f "$compiled" ]; then cp "$compiled" "$src/"; fi
 pyver="$(in_root /opt/layers/bin/python -c 'import platform; print(platform.python_version())')"
 say "ready: python $pyver in /opt/layers, this tree's channels_nats in /opt/layers-src"

@@ -3,7 +3,7 @@
     build/venv/bin/python bench/run.py [--scenarios fanout,pingpong] [--sizes 1000,10000]
         [--procs 2,4] [--layers nats,reference,redis] [--repeats 3] [--baseline REV] [--skip-setup]
 
-Prerequisites are made first (make lib server venv, pip install -r bench/requirements.txt,
+Prerequisites are made first (make lib accelerator server venv, pip install -r bench/requirements.txt,
 redis-server from apt, the reference root via make-reference-env.sh); nats-server and
 redis-server are started on free loopback ports and stopped at the end. Each (scenario, params,
 layer) runs --repeats times in a fresh process with a timeout, the layers of a cell taking turns
@@ -116,9 +116,10 @@ class Where:
 def setup(args: argparse.Namespace, layers: set[str]) -> dict[str, str]:
     """Build and install what the chosen layers need; returns {layer: reason} for unavailable ones."""
     missing: dict[str, str] = {}
-    say("make lib server venv")
+    say("make lib accelerator server venv")
     # Tool output goes to stderr: stdout ends with the markdown table only.
-    subprocess.run(["make", "--no-print-directory", "lib", "server", "venv"], cwd=REPO, check=True, stdout=sys.stderr)
+    make = ["make", "--no-print-directory", "lib", "accelerator", "server", "venv"]
+    subprocess.run(make, cwd=REPO, check=True, stdout=sys.stderr)
     say("pip install -r bench/requirements.txt into build/venv")
     subprocess.run(
         [
@@ -194,6 +195,11 @@ def build_baseline(rev: str) -> str:
     say(f"make lib in build/baseline/{rev[:12]}")
     if subprocess.run(["make", "--no-print-directory", "lib"], cwd=tree, stdout=sys.stderr).returncode:
         return f"make lib failed at {rev}"
+    builder = tree / "python" / "cffi_build.py"
+    if builder.is_file():  # a revision with a compiled cffi module: built as `make accelerator` does
+        library = tree / "build" / "linux-amd64" / "libchannels_nats.so"
+        if subprocess.run([str(VENV_PY), str(builder), str(library)], stdout=sys.stderr).returncode:
+            return f"building the compiled cffi module failed at {rev}"
     return ""
 
 
@@ -204,6 +210,9 @@ def install_baseline(rev: str) -> None:
     shutil.copytree(tree / "python" / "channels_nats", target / "channels_nats")
     shutil.copy2(tree / "build" / "linux-amd64" / "libchannels_nats.so", target)
     shutil.copy2(tree / "include" / "channels_nats.h", target)
+    compiled = tree / "build" / "linux-amd64" / "_cffi.abi3.so"
+    if compiled.is_file():
+        shutil.copy2(compiled, target)
 
 
 class Servers:

@@ -4,7 +4,10 @@
   built elsewhere, as wheels/build.sh does; CHANNELS_NATS_PLATFORM_TAG then names their platform,
   which also decides the library's file name).
 - Otherwise build them with Go from the repository this package sits in, or from the Go sources an
-  sdist carries (go/), with capi/build.sh.
+  sdist carries (go/), with capi/build.sh, and compile the cffi module (cffi_build.py) beside
+  the library where it can be (Linux, with a C compiler and the Python headers).
+A compiled cffi module makes the wheel cp310-abi3 (with CHANNELS_NATS_PREBUILT: when <dir> has
+one); without one the wheel is py3-none and the package calls the library through ABI mode.
 An editable install (pip install -e) builds it with Go into the source package directory.
 """
 
@@ -20,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cffi_build  # beside this file, in the repository and in the sdist
 
 LIBRARY_NAMES = {"linux": "libchannels_nats.so", "darwin": "libchannels_nats.dylib", "win32": "channels_nats.dll"}
 
@@ -58,8 +64,10 @@ class CustomBuildHook(BuildHookInterface):  # pyright: ignore[reportMissingTypeA
             return
         if version == "editable":  # the package is imported from the source tree: put them there
             built = self._build_with_go()
-            for name in (library_name(platform_tag()), "channels_nats.h"):
-                shutil.copy2(built / name, Path(self.root) / "channels_nats" / name)
+            self._build_compiled(built / library_name(platform_tag()))
+            for name in (library_name(platform_tag()), "channels_nats.h", cffi_build.MODULE_FILE):
+                if (built / name).is_file():
+                    shutil.copy2(built / name, Path(self.root) / "channels_nats" / name)
             return
         prebuilt = os.environ.get("CHANNELS_NATS_PREBUILT")
         if prebuilt:
@@ -78,6 +86,21 @@ class CustomBuildHook(BuildHookInterface):  # pyright: ignore[reportMissingTypeA
         build_data["force_include"][str(header)] = "channels_nats/channels_nats.h"
         build_data["pure_python"] = False
         build_data["tag"] = f"py3-none-{tag}"
+        compiled = source / cffi_build.MODULE_FILE
+        if not prebuilt:
+            compiled = self._build_compiled(library)
+        if compiled is not None and compiled.is_file():
+            build_data["force_include"][str(compiled)] = f"channels_nats/{cffi_build.MODULE_FILE}"
+            build_data["tag"] = f"cp310-abi3-{tag}"  # a stable-ABI extension: CPython 3.10 and later
+
+    def _build_compiled(self, library: Path) -> Path | None:
+        """The compiled cffi module beside library, or None (the package then uses ABI mode)."""
+        reason = cffi_build.unavailable()
+        if reason is not None:
+            self.app.display_warning(f"channels-nats: no compiled cffi module: {reason}; calls go through ABI mode")
+            return None
+        self.app.display_info("channels-nats: compiling the cffi module")
+        return cffi_build.build(library)
 
     def _build_with_go(self) -> Path:
         here = Path(self.root)

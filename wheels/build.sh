@@ -3,7 +3,8 @@
 # 1. wheels/tools.sh build installs what is missing: cross compilers, llvm, and the pinned PyPI
 #    tools (zig, auditwheel, hatchling, build) in build/wheels/tools.
 # 2. For each target of wheels/lib.sh, capi/build.sh builds and checks the library in
-#    build/<goos>-<goarch>/, and `pip wheel` packs it: python/hatch_build.py takes the library from
+#    build/<goos>-<goarch>/ (for linux/amd64 python/cffi_build.py adds the compiled cffi module),
+#    and `pip wheel` packs it: python/hatch_build.py takes the library (and the module) from
 #    CHANNELS_NATS_PREBUILT and the platform from CHANNELS_NATS_PLATFORM_TAG.
 # 3. The sdist: the Python package and the Go sources it builds the library from (needs Go).
 # make wheels-check (wheels/check.sh) proves the results.
@@ -27,8 +28,15 @@ steps=$((${#WHEEL_TARGETS[@]} + 1))
 for target in "${WHEEL_TARGETS[@]}"; do
 	read -r goos goarch tag <<<"$target"
 	step=$((step + 1))
-	say "[$step/$steps] $goos/$goarch: the library, then the py3-none-$tag wheel"
 	bash capi/build.sh "$goos" "$goarch"
+	rm -f "build/$goos-$goarch/_cffi.abi3.so" # the hook bundles what it finds there
+	if compiled_target "$goos" "$goarch"; then
+		say "[$step/$steps] $goos/$goarch: the library, the compiled cffi module, the cp310-abi3-$tag wheel"
+		"$TOOLS_PYTHON" python/cffi_build.py "build/$goos-$goarch/libchannels_nats.so"
+		[ -f "build/$goos-$goarch/_cffi.abi3.so" ] || fail "no compiled cffi module for $goos/$goarch"
+	else
+		say "[$step/$steps] $goos/$goarch: the library, then the py3-none-$tag wheel"
+	fi
 	CHANNELS_NATS_PREBUILT=$root/build/$goos-$goarch CHANNELS_NATS_PLATFORM_TAG=$tag \
 		"$TOOLS_PYTHON" -m pip wheel "${pip_flags[@]}" -w "$WHEEL_DIST" ./python
 done

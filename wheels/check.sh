@@ -66,9 +66,10 @@ say "[1/5] every wheel: tags, metadata, contents, RECORD, size; the library it b
 for target in "${WHEEL_TARGETS[@]}"; do
 	read -r goos goarch tag <<<"$target"
 	dir=$work/$goos-$goarch
-	audit=()
-	if [ "$goos" = linux ]; then audit=(--auditwheel); fi
-	"$TOOLS_PYTHON" wheels/check_wheel.py "$(wheel_file "$tag")" --tag "$tag" --extract "$dir" "${audit[@]}"
+	flags=()
+	if [ "$goos" = linux ]; then flags+=(--auditwheel); fi
+	if compiled_target "$goos" "$goarch"; then flags+=(--compiled); fi
+	"$TOOLS_PYTHON" wheels/check_wheel.py "$(wheel_file "$tag")" --tag "$tag" --extract "$dir" "${flags[@]}"
 	# check_wheel.py wrote the library, under the name the tag wants, and the header.
 	lib=$(find "$dir" -maxdepth 1 -name '*channels_nats.*' ! -name '*.h')
 	capi/check-lib.sh "$lib" "$goos" "$goarch"
@@ -120,7 +121,9 @@ say "[5/5] the sdist: it builds with Go, and fails clearly without it"
 sdist=("$WHEEL_DIST"/channels_nats-*.tar.gz)
 [ -f "${sdist[0]}" ] || fail "no sdist in $WHEEL_DIST: run make wheels"
 "$TOOLS_PYTHON" -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$work/sdist" "${sdist[0]}"
-"$TOOLS_PYTHON" wheels/check_wheel.py "$work/sdist/channels_nats-"*"-py3-none-$(linux_tag amd64).whl" --tag "$(linux_tag amd64)"
+# Built here with Go, a C compiler and Python's headers: the wheel bundles the compiled cffi module.
+"$TOOLS_PYTHON" wheels/check_wheel.py "$work/sdist/channels_nats-"*"-cp310-abi3-$(linux_tag amd64).whl" \
+	--tag "$(linux_tag amd64)" --compiled
 log=$work/sdist-without-go.log
 if (PATH=$(path_without_go) && "$TOOLS_PYTHON" -m pip wheel --disable-pip-version-check --no-deps \
 	-w "$work/sdist-without-go" "${sdist[0]}") >"$log" 2>&1; then

@@ -1,14 +1,15 @@
 """Checks one platform wheel of channels-nats against the package it was built from.
 
-    python wheels/check_wheel.py WHEEL --tag PLATFORM-TAG [--extract DIR] [--auditwheel]
+    python wheels/check_wheel.py WHEEL --tag PLATFORM-TAG [--compiled] [--extract DIR] [--auditwheel]
 
 - The file name and the WHEEL file carry exactly the py3-none-<platform> tags of PLATFORM-TAG
   (a compressed tag set such as manylinux_2_17_x86_64.manylinux2014_x86_64 gives one tag each),
-  and the wheel is not marked pure Python.
+  or with --compiled the cp310-abi3-<platform> ones, and the wheel is not marked pure Python.
 - METADATA names channels-nats with the version, Python floor and dependencies of
   python/pyproject.toml.
 - The package holds every module of python/channels_nats, py.typed, the header, and the native
-  library under the file name of that platform (and no other platform's library).
+  library under the file name of that platform (and no other platform's library); with
+  --compiled also the compiled cffi module (python/cffi_build.py), without it none.
 - RECORD lists every file with its right SHA-256 and size.
 - The library is under 8 MiB.
 - --auditwheel (Linux tags): `auditwheel show` finds no external library and a glibc baseline no
@@ -33,6 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "channels_nats"
+COMPILED_MODULE = "_cffi.abi3.so"  # python/cffi_build.py
 LIBRARIES = {"win": "channels_nats.dll", "macosx": "libchannels_nats.dylib", "manylinux": "libchannels_nats.so"}
 LIBRARY_LIMIT = 8 * 1024 * 1024
 
@@ -59,15 +61,16 @@ def library_name(tag: str) -> str:
     raise WheelError(f"no library name is known for the platform tag {tag}")
 
 
-def check_name_and_tags(wheel: zipfile.ZipFile, path: Path, tag: str, version: str) -> str:
+def check_name_and_tags(wheel: zipfile.ZipFile, path: Path, tag: str, version: str, compiled: bool) -> str:
     """Returns the .dist-info directory name."""
-    want_name = f"{PACKAGE}-{version}-py3-none-{tag}.whl"
+    python_abi = "cp310-abi3" if compiled else "py3-none"
+    want_name = f"{PACKAGE}-{version}-{python_abi}-{tag}.whl"
     if path.name != want_name:
         raise WheelError(f"the file is named {path.name}, not {want_name}")
     info = f"{PACKAGE}-{version}.dist-info"
     fields = Parser().parsestr(wheel.read(f"{info}/WHEEL").decode())
     tags = set(fields.get_all("Tag") or [])
-    want_tags = {f"py3-none-{platform}" for platform in tag.split(".")}
+    want_tags = {f"{python_abi}-{platform}" for platform in tag.split(".")}
     if tags != want_tags:
         raise WheelError(f"WHEEL has the tags {sorted(tags)}, not {sorted(want_tags)}")
     if fields["Root-Is-Purelib"] != "false" or fields["Wheel-Version"] != "1.0":
@@ -83,10 +86,11 @@ def check_metadata(wheel: zipfile.ZipFile, info: str, version: str, python: str,
         raise WheelError(f"METADATA says (name, version, python, dependencies) {found}, not {want}")
 
 
-def check_contents(wheel: zipfile.ZipFile, info: str, library: str) -> None:
+def check_contents(wheel: zipfile.ZipFile, info: str, library: str, compiled: bool) -> None:
     names = {n for n in wheel.namelist() if not n.endswith("/")}
     modules = {f"{PACKAGE}/{p.name}" for p in (REPO / "python" / PACKAGE).glob("*.py")}
-    want = modules | {f"{PACKAGE}/{n}" for n in ("py.typed", "channels_nats.h", library)}
+    bundled = ("py.typed", "channels_nats.h", library, *([COMPILED_MODULE] if compiled else []))
+    want = modules | {f"{PACKAGE}/{n}" for n in bundled}
     want |= {f"{info}/{n}" for n in ("METADATA", "WHEEL", "RECORD")}
     if names != want:
         raise WheelError(f"the wheel holds {sorted(names - want)} too many and misses {sorted(want - names)}")
@@ -134,6 +138,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("wheel", type=Path)
     parser.add_argument("--tag", required=True, help="the platform tag the wheel must carry")
+    parser.add_argument("--compiled", action="store_true", help="the wheel must hold the compiled cffi module")
     parser.add_argument("--extract", type=Path, help="write the library and the header to this directory")
     parser.add_argument("--auditwheel", action="store_true", help="also run auditwheel show (manylinux tags)")
     args = parser.parse_args()
@@ -143,9 +148,9 @@ def main() -> int:
         version, python, deps = project()
         library = library_name(tag)
         with zipfile.ZipFile(path) as wheel:
-            info = check_name_and_tags(wheel, path, tag, version)
+            info = check_name_and_tags(wheel, path, tag, version, args.compiled)
             check_metadata(wheel, info, version, python, deps)
-            check_contents(wheel, info, library)
+            check_contents(wheel, info, library, args.compiled)
             check_record(wheel, info)
             size = wheel.getinfo(f"{PACKAGE}/{library}").file_size
             if size >= LIBRARY_LIMIT:

@@ -3,7 +3,8 @@
     python group_send_check.py NATS-URL
 
 First, in this process: channels_nats is imported from the running Python's site-packages (not
-from a source tree) and loads the library bundled beside it. Then process B (this file again,
+from a source tree) and loads the library bundled beside it (through the compiled cffi module
+when the wheel bundles one). Then process B (this file again,
 with the "receive" argument) joins a group and waits for one message, and this process (A)
 group_sends until B reports it on its stdout, for at most 20 s. B checks that non-ASCII text and
 bytes arrive as sent. Exits non-zero with the reason on any failure.
@@ -45,9 +46,12 @@ def check_installed() -> None:
         fail(f"the installed package has no {bundled.name} or channels_nats.h")
     if _native.library_path() != bundled:
         fail(f"the package would load {_native.library_path()}, not the library it bundles")
+    mode = _native.call_mode()
+    if (package / _native.COMPILED_MODULE).is_file() and mode != "compiled":
+        fail(f"the package bundles {_native.COMPILED_MODULE} but calls the library in {mode} mode")
     print(
         f"group_send_check: channels-nats {channels_nats.__version__} installed in {package.parent},"
-        f" bundled native library {_native.version()}",
+        f" bundled native library {_native.version()}, called in {mode} mode",
         flush=True,
     )
 

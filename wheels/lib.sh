@@ -29,9 +29,14 @@ require_linux_x86_64() {
 	[ "$(uname -s)/$(uname -m)" = Linux/x86_64 ] || fail "runs on Linux x86-64, not $(uname -s)/$(uname -m)"
 }
 
+# compiled_target GOOS GOARCH: whether its wheel bundles the compiled cffi module (cp310-abi3; the
+# others are py3-none and call the library through cffi's ABI mode). Only this machine's: the
+# module is compiled against the Python headers here.
+compiled_target() { [ "$1/$2" = linux/amd64 ]; }
+
 # wheel_file TAG: the one wheel in build/wheels/dist with that platform tag.
 wheel_file() {
-	local found=("$WHEEL_DIST"/channels_nats-*-py3-none-"$1".whl)
+	local found=("$WHEEL_DIST"/channels_nats-*-"$1".whl)
 	if [ ! -f "${found[0]}" ] || [ "${#found[@]}" -ne 1 ]; then
 		fail "not one wheel for $1 in $WHEEL_DIST: run make wheels"
 	fi

@@ -124,7 +124,10 @@ def main(argv: list[str]) -> int:
 
     try:
         config = layer_config(args)
-        print(f"channels_nats {__version__}, library {_native.version()}, Python {sys.version.split()[0]}")
+        print(
+            f"channels_nats {__version__}, library {_native.version()} (called in {_native.call_mode()} mode),"
+            f" Python {sys.version.split()[0]}"
+        )
         result = asyncio.run(asyncio.wait_for(round_trips(config), args.timeout))
     except ConfigProblem as e:
         print(f"channels_nats check: configuration: {e}", file=sys.stderr)

@@ -47,6 +47,7 @@ def test_check_against_a_server(nats_url: str) -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "channels_nats check: OK" in out
+    assert "(called in compiled mode)" in out or "(called in abi mode)" in out
     assert "nats-server 2." in out
     assert "process     round trip" in out
     assert "group       round trip" in out

@@ -1,0 +1,95 @@
+"""How Python calls the library: the compiled cffi module beside it, or cffi's ABI mode.
+
+The suite's library (make test-py) has the compiled module beside it (make accelerator). A
+library without one, or with one built from another header, is called in ABI mode: checked in
+fresh processes, since a process loads the library once. make install-check and make
+wheels-check prove that the wheels which bundle the module use it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from channels_nats import _native
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiled module is Linux-only")
+
+ROUND_TRIP = """
+import asyncio, sys
+from channels_nats import NatsChannelLayer, _native
+
+async def main():
+    layer = NatsChannelLayer(servers=sys.argv[1])
+    channel = await layer.new_channel()
+    await layer.send(channel, {"type": "mode.check", "n": 1})
+    got = await asyncio.wait_for(layer.receive(channel), 10)
+    await layer.close()
+    print(_native.call_mode(), got["n"])
+
+asyncio.run(main())
+"""
+
+
+def library_dir() -> Path:
+    return _native.library_path().parent
+
+
+def compiled_module() -> Path:
+    """The compiled module beside the suite's library: make accelerator and the Linux x86_64 wheel
+    have one; a py3-none wheel (the release workflow's Linux arm64 run) has none."""
+    module = library_dir() / _native.COMPILED_MODULE
+    if not module.is_file():
+        pytest.skip(f"no {_native.COMPILED_MODULE} beside the library under test (a py3-none wheel)")
+    return module
+
+
+def run_round_trip(library: Path, nats_url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, _native.LIBRARY_ENV: str(library)}
+    return subprocess.run(
+        [sys.executable, "-c", ROUND_TRIP, nats_url], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def copy_library(to: Path, with_module: bool) -> Path:
+    source = library_dir()
+    names = [_native.library_file_name(), "channels_nats.h", *([_native.COMPILED_MODULE] if with_module else [])]
+    for name in names:
+        shutil.copy2(source / name, to / name)
+    return to / _native.library_file_name()
+
+
+def test_the_suite_calls_through_the_compiled_module() -> None:
+    compiled_module()
+    assert _native.call_mode() == "compiled"
+
+
+def test_without_the_module_abi_mode_does_the_same(tmp_path: Path, nats_url: str) -> None:
+    done = run_round_trip(copy_library(tmp_path, with_module=False), nats_url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["abi", "1"]
+
+
+def test_a_module_built_from_another_header_is_not_used(tmp_path: Path, nats_url: str) -> None:
+    compiled_module()
+    library = copy_library(tmp_path, with_module=True)
+    header = tmp_path / "channels_nats.h"
+    header.write_text(header.read_text(encoding="utf-8") + "\n/* another build */\n", encoding="utf-8")
+    done = run_round_trip(library, nats_url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["abi", "1"]
+    assert "was built from another channels_nats.h" in done.stderr
+
+
+def test_a_module_beside_a_renamed_library_is_not_used(tmp_path: Path, nats_url: str) -> None:
+    compiled_module()
+    library = copy_library(tmp_path, with_module=True)
+    renamed = library.rename(tmp_path / "libchannels_nats-copy.so")
+    done = run_round_trip(renamed, nats_url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["abi", "1"]
