@@ -199,7 +199,7 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 	}
 	storeAddress(unsafe.Pointer(bodyOut), 0)
 	*lenOut = 0
-	lent, err := lentString(channel, "channel")
+	lent, err := lentBytes(channel, "channel")
 	if err != nil {
 		return fail(err)
 	}
@@ -207,9 +207,14 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 	if err != nil {
 		return fail(err)
 	}
-	if msg, ok := l.TakeWaiting(lent); ok { // the common case: no op, nothing allocated
+	// The common case: no op, nothing allocated, and no UTF-8 check, since a channel with a
+	// message waiting has a mailbox, made from a name that was checked.
+	if msg, ok := l.TakeWaiting(lent); ok {
 		lendReceived(q, msg, bodyOut, lenOut)
 		return C.CN_OK
+	}
+	if err := checkUTF8(lent, "channel"); err != nil {
+		return fail(err)
 	}
 	return beginOp(c, l, q, closure, opOut, func(o *op) (*layer.Op, error) {
 		msg, lop, err := l.StartReceive(lent, o.receiver)

@@ -156,14 +156,27 @@ func goString(p *C.char, name string, required bool) (string, error) {
 // lentString reads a required C string argument in place, without copying it: valid during the
 // call only, so nothing may keep it (copy it with strings.Clone first).
 func lentString(p *C.char, name string) (string, error) {
+	s, err := lentBytes(p, name)
+	if err == nil {
+		err = checkUTF8(s, name)
+	}
+	return s, err
+}
+
+// lentBytes is lentString without the UTF-8 check, for a caller that looks the string up first:
+// a string that names something the library holds was checked when it was made.
+func lentBytes(p *C.char, name string) (string, error) {
 	if p == nil {
 		return "", argError(name + " must not be NULL")
 	}
-	s := unsafe.String((*byte)(unsafe.Pointer(p)), C.strlen(p))
+	return unsafe.String((*byte)(unsafe.Pointer(p)), C.strlen(p)), nil
+}
+
+func checkUTF8(s, name string) error {
 	if !utf8.ValidString(s) {
-		return "", argError(name + " is not valid UTF-8")
+		return argError(name + " is not valid UTF-8")
 	}
-	return s, nil
+	return nil
 }
 
 // storeAddress writes a pointer into a host's pointer out-parameter as an integer. A store of a

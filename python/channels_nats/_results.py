@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import select
 import socket
 import struct
@@ -64,6 +65,11 @@ class LoopQueue:
             self._close_sockets()
             raise
         self.handle = int(handle[0])
+        # What a receive uses on every call, looked up once: a receive that finds a message
+        # waiting is the hot path of every saturated consumer.
+        self.cn_receive = lib.cn_receive
+        self.null = ffi.NULL
+        self.buffer = ffi.buffer
         self.waiting: dict[int, Waiting] = {}
         self.ready = 0  # receives in a row on this loop that found a message waiting
         self.closing: dict[int, asyncio.Future[None]] = {}
@@ -214,6 +220,17 @@ def _free_on_close(loop: asyncio.AbstractEventLoop, queue: LoopQueue) -> None:
         close()
 
     loop.close = close_and_free  # type: ignore[method-assign]
+
+
+def _forget_after_fork() -> None:
+    """In a forked child, no queue of the parent's may be used: the next call makes a new one,
+    which refuses (the library cannot run after a fork)."""
+    _queues.clear()
+    _current.pair = (None, None)
+
+
+if hasattr(os, "register_at_fork"):  # Windows has no fork
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def free_all() -> None:

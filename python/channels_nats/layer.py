@@ -19,6 +19,9 @@ from channels.layers import BaseChannelLayer
 
 from . import _native, _results
 
+_OK = _native.OK
+_unpackb = msgpack.unpackb
+
 CONNECT_OPTIONS = frozenset(
     {
         "name",
@@ -304,17 +307,16 @@ class NatsChannelLayer(BaseChannelLayer):
         if name is None:
             name = self._channel(channel)
         client = self._client or await self._connection()
-        ffi, lib = _native.load()
-        queue = _results.for_running_loop()
+        queue = _results.for_running_loop()  # after a fork none of the parent's: it refuses then
         if queue.ready >= _results.READY_STREAK:
             # A consumer draining a backlog gets its messages without suspending: let the loop
             # run others now and then. Before the receive, so a cancellation here loses nothing.
             queue.ready = 0
             await asyncio.sleep(0)
-        status = lib.cn_receive(client, name, queue.handle, ffi.NULL, queue.body, queue.len, queue.op)
-        if status == _native.OK:  # a message was waiting, lent until the queue's next call
+        status = queue.cn_receive(client, name, queue.handle, queue.null, queue.body, queue.len, queue.op)
+        if status == _OK:  # a message was waiting, lent until the queue's next call
             queue.ready += 1
-            return msgpack.unpackb(ffi.buffer(queue.body[0], queue.len[0]), raw=False)
+            return _unpackb(queue.buffer(queue.body[0], queue.len[0]), raw=False)
         queue.ready = 0
         if status != _native.PENDING:
             _native.raise_for(status, _native.last_error())
@@ -326,7 +328,7 @@ class NatsChannelLayer(BaseChannelLayer):
             return await future
         except asyncio.CancelledError:
             queue.waiting.pop(op, None)
-            lib.cn_cancel(client, op)
+            _native.load()[1].cn_cancel(client, op)
             raise
 
     # ---- groups -----------------------------------------------------------------------------
