@@ -8,6 +8,12 @@ every member got each. With --burst it sends them all at once: most receives the
 waiting (the saturated case). Prints one JSON object: deliveries, wall and CPU time per delivery (process
 CPU: the interpreter and every library thread). It imports `channels_nats`, so the same file
 measures this layer (PYTHONPATH=python) and the nats-py layer (inside the reference root).
+
+The object also has the floor: the same consumers, on the same interpreter, getting the same
+bodies with no channel layer and no I/O. Without --burst each delivery is a future resolved with
+the msgpack decode of the body and the task it wakes; with --burst, after the first, a receive
+that returns the decode at once. `floor_multiple` is the layer's CPU per delivery over the floor's: what the layer
+adds to what any asyncio consumer of a decoded message pays.
 """
 
 from __future__ import annotations
@@ -60,6 +66,47 @@ async def measure(url: str, members: int, messages: int, burst: bool) -> dict[st
     }
 
 
+async def measure_floor(members: int, messages: int, burst: bool) -> dict[str, Any]:
+    """The consumers of measure() with the layer replaced by futures (with burst, after each
+    consumer's first, by a coroutine that returns the decode at once)."""
+    import msgpack
+
+    bodies = [msgpack.packb({"type": "bench.msg", "i": index}) for index in range(messages)]
+    loop = asyncio.get_running_loop()
+    waiting: list[asyncio.Future[Any]] = []
+    got = 0
+    everyone = asyncio.Event()
+
+    async def receive(slot: int) -> Any:
+        if burst and slot > 0:  # the first waits, as a receive made before the burst does
+            return msgpack.unpackb(bodies[slot], raw=False)
+        future = loop.create_future()
+        waiting.append(future)
+        return await future
+
+    async def consume() -> None:
+        nonlocal got
+        for slot in range(messages):
+            await receive(slot)
+            got += 1
+            if got % members == 0:
+                everyone.set()
+
+    consumers = [asyncio.ensure_future(consume()) for _ in range(members)]
+    await asyncio.sleep(0.3)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for body in bodies[:1] if burst else bodies:
+        everyone.clear()
+        ready, waiting[:] = list(waiting), []
+        for future in ready:
+            future.set_result(msgpack.unpackb(body, raw=False))
+        if not burst:
+            await everyone.wait()
+    await asyncio.gather(*consumers)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"wall_us_per_delivery": wall * 1e6 / got, "cpu_us_per_delivery": cpu * 1e6 / got}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="nats://127.0.0.1:4222")
@@ -69,7 +116,11 @@ def main() -> None:
         "--burst", action="store_true", help="send every message at once: receives mostly find a backlog (saturation)"
     )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(measure(args.url, args.members, args.messages, args.burst))))
+    result = asyncio.run(measure(args.url, args.members, args.messages, args.burst))
+    floor = asyncio.run(measure_floor(args.members, args.messages, args.burst))
+    result["floor_cpu_us_per_delivery"] = floor["cpu_us_per_delivery"]
+    result["floor_multiple"] = result["cpu_us_per_delivery"] / floor["cpu_us_per_delivery"]
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
