@@ -135,11 +135,66 @@ func (l *Layer) route(m *nats.Msg) {
 			}
 			break
 		}
-		for _, mb := range g.process { // every member shares m.Data; receivers copy (S9)
-			l.enqueue(mb, m.Data, now)
+		if !l.fanOut(name, g, m.Data, now) {
+			return // the layer closed while the lock was let go; l.mu is not held
 		}
 	}
 	l.mu.Unlock()
+}
+
+// fanOutChunk is how many members of a group one hold of the layer lock delivers a message to.
+// A receive on another thread, which needs the lock too, then waits for one chunk, not for the
+// whole group: 10,000 members take the dispatcher about a millisecond.
+const fanOutChunk = 256
+
+// fanOut enqueues body to every process-channel member of g, the group name names; they share
+// body, and receivers copy (S9). l.mu must be held. Past fanOutChunk members it lets go of the
+// lock between chunks and delivers the handoffs so far (the dispatcher is the only goroutine
+// that routes and delivers, so the order of arrival holds in each mailbox and for each receive)
+// and, when g changed meanwhile, skips those no longer members. It returns with l.mu held,
+// unless the layer closed meanwhile (false, l.mu not held).
+func (l *Layer) fanOut(name string, g *groupMembers, body []byte, now time.Time) bool {
+	if len(g.process) <= fanOutChunk {
+		for _, mb := range g.process {
+			l.enqueue(mb, body, now)
+		}
+		return true
+	}
+	members := l.fanOutScratch[:0]
+	for _, mb := range g.process {
+		members = append(members, mb)
+	}
+	defer func() {
+		clear(members) // no mailbox stays reachable from here
+		l.fanOutScratch = members[:0]
+	}()
+	changes := g.changes
+	for start := 0; start < len(members); start += fanOutChunk {
+		if start > 0 {
+			// Let go of the lock: a receive waiting for it takes it, and the members served
+			// so far get their message now, not after the whole group.
+			l.mu.Unlock()
+			l.deliverHandoffs()
+			if l.betweenChunks != nil {
+				l.betweenChunks()
+			}
+			l.mu.Lock()
+			if l.closed {
+				l.mu.Unlock()
+				return false
+			}
+			if l.groups[name] != g { // flushed, or its last member left
+				return true
+			}
+		}
+		for _, mb := range members[start:min(start+fanOutChunk, len(members))] {
+			if g.changes != changes && g.process[mb.name] != mb {
+				continue
+			}
+			l.enqueue(mb, body, now)
+		}
+	}
+	return true
 }
 
 // enqueue puts one arrived message into mb, or hands it straight to a waiting receive.

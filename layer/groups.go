@@ -10,6 +10,7 @@ import (
 type groupMembers struct {
 	process map[string]*mailbox // process-channel members, fed by one subscription per group
 	plain   map[string]*mailbox // plain-channel members, each fed by its own queue subscription
+	changes uint64              // counts changes of process: a fan-out that let go of l.mu sees them
 }
 
 func (g *groupMembers) size() int { return len(g.process) + len(g.plain) }
@@ -53,6 +54,7 @@ func (l *Layer) StartGroupAdd(group, channel string, done func(error)) (*Op, err
 	_, already := members[channel]
 	if !already {
 		members[channel] = mb
+		g.changes++
 		mb.groups++
 		mb.readAt = now
 	}
@@ -145,6 +147,7 @@ func (l *Layer) removeMember(name, channel string) bool {
 		return false
 	}
 	delete(members, channel)
+	g.changes++
 	mb.groups--
 	if g.size() == 0 {
 		delete(l.groups, name)

@@ -112,6 +112,10 @@ type Layer struct {
 	subs        map[subKey]*subscription
 	subsChanged chan struct{} // closed and replaced whenever a subscription is made or fails
 	handoffs    handoffs
+	// fanOutScratch holds the members of a large group while the dispatcher delivers one
+	// message to them (fanOut); only the dispatcher uses it.
+	fanOutScratch []*mailbox
+	betweenChunks func() // tests: runs while fanOut has let go of the lock
 }
 
 // counters are the Stats counters that are updated without the layer lock.

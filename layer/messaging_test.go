@@ -408,6 +408,132 @@ func TestMessagingGroupSendReachesEveryMember(t *testing.T) {
 	}
 }
 
+// A group larger than fanOutChunk is delivered in chunks, the lock let go between them: every
+// member still gets every message once and in order, whether its receive waited (a handoff
+// delivered between chunks) or the message waited in its mailbox.
+func TestMessagingGroupFanOutInChunks(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	c := connect(t, testConfig(nil, s.url()))
+	members := make([]string, 3*fanOutChunk+10)
+	waiting := map[string]<-chan msgResult{}
+	for i := range members {
+		members[i] = msgNewChannel(t, a)
+		msgGroupAdd(t, a, "big", members[i])
+		if i%2 == 0 {
+			out, op := msgStart(t, a, members[i])
+			msgAwaitListed(t, a, members[i], op)
+			waiting[members[i]] = out
+		}
+	}
+	for n := range 3 {
+		msgGroupSend(t, c, "big", map[string]any{"type": "chunk", "n": n})
+	}
+	for _, ch := range members {
+		first := 0
+		if out, ok := waiting[ch]; ok {
+			if r := msgAwait(t, out, ch); r.err != nil || msgN(t, r.m) != 0 {
+				t.Fatalf("%s: the waiting receive got %v, %v; want message 0", ch, r.m, r.err)
+			}
+			first = 1
+		}
+		for n := first; n < 3; n++ {
+			if got := msgN(t, msgRecv(t, a, ch)); got != int64(n) {
+				t.Fatalf("%s got message %d, want %d", ch, got, n)
+			}
+		}
+		if left := msgQueued(a, ch); left != 0 {
+			t.Fatalf("%s holds %d more message(s); each member must get each message once", ch, left)
+		}
+	}
+}
+
+// Members that leave a large group while messages fan out to it (the lock is let go between
+// chunks) get a prefix of the messages, in order, and nothing after they left; the others get
+// every message.
+func TestMessagingGroupFanOutWhileMembersLeave(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	c := connect(t, testConfig(nil, s.url()))
+	const messages = 20
+	members := make([]string, 2*fanOutChunk+20)
+	for i := range members {
+		members[i] = msgNewChannel(t, a)
+		msgGroupAdd(t, a, "leaving", members[i])
+	}
+	leavers := members[:fanOutChunk]
+	left := make(chan struct{})
+	go func() {
+		defer close(left)
+		for _, ch := range leavers {
+			if err := a.GroupDiscard("leaving", ch); err != nil {
+				t.Errorf("GroupDiscard(%s): %v", ch, err)
+			}
+		}
+	}()
+	for n := range messages {
+		msgGroupSend(t, c, "leaving", map[string]any{"type": "chunk", "n": n})
+	}
+	<-left
+	stayed := members[fanOutChunk:]
+	waitFor(t, 10*time.Second, "every message at the members that stayed", func() bool {
+		for _, ch := range stayed {
+			if msgQueued(a, ch) != messages {
+				return false
+			}
+		}
+		return true
+	})
+	for i, ch := range members {
+		want := msgQueued(a, ch)
+		if i >= fanOutChunk && want != messages {
+			t.Fatalf("%s stayed in the group but holds %d of %d messages", ch, want, messages)
+		}
+		for n := range want {
+			if got := msgN(t, msgRecv(t, a, ch)); got != int64(n) {
+				t.Fatalf("%s got message %d as its message %d: a member gets a prefix, in order", ch, got, n)
+			}
+		}
+	}
+}
+
+// Members that leave while a message fans out to their group are skipped: with every member but
+// one discarded after the first chunk, the first chunk has the message, and the one that
+// stayed has it wherever it was.
+func TestMessagingGroupFanOutSkipsWhoLeft(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	c := connect(t, testConfig(nil, s.url()))
+	members := make([]string, 2*fanOutChunk+5)
+	for i := range members {
+		members[i] = msgNewChannel(t, a)
+		msgGroupAdd(t, a, "skipping", members[i])
+	}
+	var once sync.Once
+	a.betweenChunks = func() { // the dispatcher's goroutine, without the lock
+		once.Do(func() {
+			for _, ch := range members[1:] { // members[0] stays: the group lives on
+				if err := a.GroupDiscard("skipping", ch); err != nil {
+					t.Errorf("GroupDiscard(%s): %v", ch, err)
+				}
+			}
+		})
+	}
+	msgGroupSend(t, c, "skipping", map[string]any{"type": "chunk", "n": 0})
+	holding := func() (n int) {
+		for _, ch := range members {
+			n += msgQueued(a, ch)
+		}
+		return n
+	}
+	waitFor(t, 10*time.Second, "the first chunk's deliveries", func() bool { return holding() >= fanOutChunk })
+	waitFor(t, 10*time.Second, "the member that stayed", func() bool { return msgQueued(a, members[0]) == 1 })
+	time.Sleep(msgQuiet) // and no more
+	if n := holding(); n != fanOutChunk && n != fanOutChunk+1 {
+		t.Fatalf("%d members hold the message; want the first chunk's %d and the one that stayed", n, fanOutChunk)
+	}
+}
+
 // Ref 5, S9: members of one group in one Layer get independent decoded maps; mutating one
 // (including nested values and byte slices) leaves the other intact.
 func TestMessagingGroupMembersGetIndependentMaps(t *testing.T) {
