@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +52,14 @@ BASELINE_ENV = {"PYTHONPATH": BASELINE_SRC, "CHANNELS_NATS_LIBRARY": f"{BASELINE
 PYTHON_LAYERS = ("nats", "baseline", "redis", "redis-pubsub", "inmemory")
 ROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 
-ALL_SCENARIOS = ("fanout", "saturation", "pingpong", "throughput", "connections", "memory")
+ALL_SCENARIOS = ("fanout", "saturation", "cluster", "pingpong", "throughput", "connections", "memory")
 ALL_LAYERS = ("nats", "baseline", "reference", "redis", "redis-pubsub", "inmemory", "raw")
 DEFAULT_LAYERS = ("nats", "reference", "redis", "redis-pubsub", "inmemory", "raw")
 # Which layers each scenario runs for (raw: bench/rawnats; memory: bench/memory.py).
 SCENARIO_LAYERS = {
     "fanout": ("nats", "baseline", "reference", "redis", "redis-pubsub", "raw"),
     "saturation": ("nats", "baseline", "reference", "redis", "redis-pubsub", "raw"),
+    "cluster": ("nats", "baseline", "reference"),
     "pingpong": ("nats", "baseline", "reference", "redis", "redis-pubsub", "raw"),
     "throughput": ("nats", "baseline", "reference", "redis", "redis-pubsub", "inmemory", "raw"),
     "connections": ("nats", "baseline", "reference", "redis", "redis-pubsub"),
@@ -67,6 +69,7 @@ SCENARIO_LAYERS = {
 HEADLINE: dict[str, list[tuple[str, bool]]] = {
     "fanout": [("p50_ms", True), ("p99_ms", True), ("deliveries_per_s", False)],
     "saturation": [("deliveries_per_s", False)],
+    "cluster": [("deliveries_per_s", False)],
     "pingpong": [("rtt_p50_ms", True), ("rtt_p99_ms", True)],
     "throughput": [("messages_per_s", False)],
     "connections": [("connections_opened", True)],
@@ -215,11 +218,17 @@ def install_baseline(rev: str) -> None:
         shutil.copy2(compiled, target)
 
 
-class Servers:
-    """nats-server (with monitoring) and redis-server on free loopback ports."""
+CLUSTER_NODES = 3
+"""Nodes of the routed cluster of the cluster scenario."""
 
-    def __init__(self, want_redis: bool) -> None:
+
+class Servers:
+    """nats-server (with monitoring) and redis-server on free loopback ports; with want_cluster
+    also a routed cluster of CLUSTER_NODES nats-servers."""
+
+    def __init__(self, want_redis: bool, want_cluster: bool = False) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.cluster_urls: list[str] = []
         port, mport = free_port(), free_port()
         self.nats_url = f"nats://127.0.0.1:{port}"
         self.monitor = f"http://127.0.0.1:{mport}"
@@ -243,9 +252,60 @@ class Servers:
                     stderr=subprocess.DEVNULL,
                 )
             )
-        for url in (self.nats_url, self.redis_url):
+        if want_cluster:
+            self._start_cluster()
+        for url in (self.nats_url, self.redis_url, *self.cluster_urls):
             if url:
                 self._wait(url)
+        if self.cluster_urls:
+            self._wait_routes()
+
+    def _start_cluster(self) -> None:
+        ports = [(free_port(), free_port(), free_port()) for _ in range(CLUSTER_NODES)]
+        routes = ",".join(f"nats://127.0.0.1:{route}" for _, route, _ in ports)
+        self.cluster_monitors = [f"http://127.0.0.1:{monitor}" for _, _, monitor in ports]
+        for index, (client, route, monitor) in enumerate(ports):
+            self.cluster_urls.append(f"nats://127.0.0.1:{client}")
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        str(NATS_SERVER),
+                        "-a",
+                        "127.0.0.1",
+                        "-p",
+                        str(client),
+                        "-m",
+                        str(monitor),
+                        "-n",
+                        f"bench-{index}",
+                        "--cluster_name",
+                        "bench",
+                        "--cluster",
+                        f"nats://127.0.0.1:{route}",
+                        "--routes",
+                        routes,
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        say(f"a {CLUSTER_NODES}-node cluster on {', '.join(self.cluster_urls)}")
+
+    def _wait_routes(self) -> None:
+        """Until every node has a route to every other (the cluster scenario spans them)."""
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                counts = [
+                    json.loads(urllib.request.urlopen(f"{m}/routez", timeout=2).read())["num_routes"]
+                    for m in self.cluster_monitors
+                ]
+            except (OSError, ValueError, KeyError):
+                counts = []
+            if counts and min(counts) >= CLUSTER_NODES - 1:
+                return
+            time.sleep(0.2)
+        raise SystemExit(f"bench: the {CLUSTER_NODES}-node cluster formed no full mesh of routes in 20 s")
 
     @staticmethod
     def _wait(url: str) -> None:
@@ -318,6 +378,16 @@ def scenario_params(args: argparse.Namespace, scenario: str) -> list[dict[str, A
             for n in args.sizes
             for p in args.procs
         ]
+    if scenario == "cluster":  # compare with saturation N=10000 P=2 on the single server
+        return [
+            {
+                "members": 10000,
+                "processes": 2,
+                "messages": args.saturation_messages,
+                "bound": 60,
+                "servers": CLUSTER_NODES,
+            }
+        ]
     if scenario == "pingpong":
         return [{"rounds": args.rounds}]
     if scenario == "throughput":
@@ -329,7 +399,10 @@ def scenario_params(args: argparse.Namespace, scenario: str) -> list[dict[str, A
 
 def command(scenario: str, params: dict[str, Any], layer: str, servers: Servers) -> list[str]:
     url = servers.redis_url if layer.startswith("redis") else servers.nats_url
-    flags = [f"--{k}={v}" for k, v in params.items()]
+    flags = [f"--{k}={v}" for k, v in params.items() if k != "servers"]
+    if scenario == "cluster":  # saturation, the processes spread over the cluster's nodes
+        scenario, url = "saturation", servers.cluster_urls[0]
+        flags.append(f"--urls={','.join(servers.cluster_urls)}")
     if scenario == "connections" and layer in ("nats", "baseline", "reference"):
         flags.append(f"--monitor={servers.monitor}")
     if layer == "raw":
@@ -454,6 +527,9 @@ def measured(missing: dict[str, str]) -> dict[str, Any]:
 def row_label(scenario: str, params: dict[str, Any]) -> str:
     if scenario in ("fanout", "saturation"):
         return f"{scenario} N={params['members']} P={params['processes']} M={params['messages']}"
+    if scenario == "cluster":
+        nodes, n, p, m = params["servers"], params["members"], params["processes"], params["messages"]
+        return f"saturation, {nodes}-node cluster N={n} P={p} M={m}"
     if scenario == "throughput":
         return f"throughput {params['size']} B"
     if scenario == "pingpong":
@@ -552,6 +628,7 @@ def chart(report: dict[str, Any], layers: list[str], path: Path) -> None:
     for scenario, metric, title in (
         ("fanout", "p99_ms", "fan-out p99 latency, ms (log; lower is better)"),
         ("saturation", "deliveries_per_s", "saturation deliveries/s (log; higher is better)"),
+        ("cluster", "deliveries_per_s", "saturation over a 3-node cluster, deliveries/s (higher is better)"),
         ("pingpong", "rtt_p50_ms", "ping-pong round trip p50, ms (lower is better)"),
         ("throughput", "messages_per_s", "one channel messages/s (log; higher is better)"),
         ("connections", "connections_opened", "connections opened by async_to_sync x20"),
@@ -598,12 +675,20 @@ def chart(report: dict[str, Any], layers: list[str], path: Path) -> None:
 # --- main ---------------------------------------------------------------------------------------
 
 # Rough seconds per run, for the ETA (measured on the 2-core development machine).
-ESTIMATE = {"fanout": 6.0, "saturation": 6.0, "pingpong": 4.0, "throughput": 2.0, "connections": 2.0, "memory": 20.0}
+ESTIMATE = {
+    "fanout": 6.0,
+    "saturation": 6.0,
+    "cluster": 6.0,
+    "pingpong": 4.0,
+    "throughput": 2.0,
+    "connections": 2.0,
+    "memory": 20.0,
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenarios", default="fanout,saturation,pingpong,throughput,connections,memory")
+    parser.add_argument("--scenarios", default="fanout,saturation,cluster,pingpong,throughput,connections,memory")
     parser.add_argument("--layers", default=",".join(DEFAULT_LAYERS), help="(baseline comes with --baseline)")
     parser.add_argument(
         "--baseline",
@@ -676,7 +761,7 @@ def main() -> None:
         f" skipped: {missing or 'none'}"
     )
 
-    servers = Servers(want_redis and "redis" not in missing)
+    servers = Servers(want_redis and "redis" not in missing, "cluster" in args.scenarios)
     mount = ProcMount()
     if args.skip_setup:
         if (ROOT / LAYERS_PY.lstrip("/")).is_symlink() and (ROOT / LAYERS_SRC.lstrip("/") / "channels_nats").is_dir():

@@ -163,23 +163,28 @@ def _recv(conn: Connection, timeout: float, what: str) -> Any:
 def run_fanout(args: argparse.Namespace, scenario: str) -> None:
     gap = args.gap if scenario == "fanout" else 0.0
     procs, members, messages = args.processes, args.members, args.messages
+    urls = [u for u in args.urls.split(",") if u] or [args.url]  # a cluster: the processes spread over it
     per_worker = members // procs
     cap = max(100, messages * 2)
     group = f"bench{os.getpid()}x{int(time.time())}"
     ctx = multiprocessing.get_context("spawn")
     workers: list[tuple[Any, Connection]] = []
-    log(f"{scenario}: {args.layer} N={per_worker * procs} P={procs} M={messages} gap={gap}")
+    nodes = f" over {len(urls)} servers" if len(urls) > 1 else ""
+    log(f"{scenario}: {args.layer} N={per_worker * procs} P={procs} M={messages} gap={gap}{nodes}")
     started = time.time()
-    for _ in range(procs):
+    for index in range(procs):
         parent, child = ctx.Pipe()
+        url = urls[index % len(urls)]
         proc = ctx.Process(
-            target=fanout_worker, args=(child, args.layer, args.url, group, per_worker, messages, cap), daemon=True
+            target=fanout_worker, args=(child, args.layer, url, group, per_worker, messages, cap), daemon=True
         )
         proc.start()
         workers.append((proc, parent))
     pub_parent, pub_child = ctx.Pipe()
     publisher = ctx.Process(
-        target=fanout_publisher, args=(pub_child, args.layer, args.url, group, messages, gap, cap), daemon=True
+        target=fanout_publisher,
+        args=(pub_child, args.layer, urls[procs % len(urls)], group, messages, gap, cap),
+        daemon=True,
     )
     publisher.start()
     try:
@@ -224,7 +229,9 @@ def run_fanout(args: argparse.Namespace, scenario: str) -> None:
     if scenario == "saturation":
         metrics["bound_s"] = bound
     log(f"{scenario}: {deliveries}/{expected} deliveries, {metrics['deliveries_per_s']:,.0f}/s")
-    params = {"members": per_worker * procs, "processes": procs, "messages": messages, "gap_s": gap}
+    params: dict[str, Any] = {"members": per_worker * procs, "processes": procs, "messages": messages, "gap_s": gap}
+    if len(urls) > 1:
+        params["servers"] = len(urls)
     emit(scenario, args.layer, params, metrics)
 
 
@@ -422,6 +429,12 @@ def main() -> None:
         p.add_argument("--gap", type=float, default=0.01, help="seconds between publishes (fanout only)")
         p.add_argument("--grace", type=float, default=10.0, help="fanout: wait this long after the last gap")
         p.add_argument("--bound", type=float, default=60.0, help="saturation: give up after this many seconds")
+        p.add_argument(
+            "--urls",
+            default="",
+            help="comma-separated server URLs of one cluster: worker i uses URL i (round robin), the publisher"
+            " the next one; --url is then ignored",
+        )
     p = common("pingpong", "two processes bounce a message over process channels")
     p.add_argument("--rounds", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=50)
