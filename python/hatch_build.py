@@ -100,7 +100,11 @@ class CustomBuildHook(BuildHookInterface):  # pyright: ignore[reportMissingTypeA
             self.app.display_warning(f"channels-nats: no compiled cffi module: {reason}; calls go through ABI mode")
             return None
         self.app.display_info("channels-nats: compiling the cffi module")
-        return cffi_build.build(library)
+        try:
+            return cffi_build.build(library)
+        except (OSError, subprocess.CalledProcessError) as e:  # the package works without it
+            self.app.display_warning(f"channels-nats: compiling the cffi module failed ({e}); using ABI mode")
+            return None
 
     def _build_with_go(self) -> Path:
         here = Path(self.root)
