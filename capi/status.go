@@ -149,22 +149,16 @@ func goString(p *C.char, name string, required bool) (string, error) {
 	if p == nil && !required {
 		return "", nil
 	}
-	s, err := lentString(p, name)
-	return strings.Clone(s), err
-}
-
-// lentString reads a required C string argument in place, without copying it: valid during the
-// call only, so nothing may keep it (copy it with strings.Clone first).
-func lentString(p *C.char, name string) (string, error) {
 	s, err := lentBytes(p, name)
 	if err == nil {
 		err = checkUTF8(s, name)
 	}
-	return s, err
+	return strings.Clone(s), err
 }
 
-// lentBytes is lentString without the UTF-8 check, for a caller that looks the string up first:
-// a string that names something the library holds was checked when it was made.
+// lentBytes reads a required C string argument in place, without copying it and without the
+// UTF-8 check (checkUTF8): valid during the call only, so nothing may keep it. A caller that looks
+// the string up first checks it only on a miss: a name the library holds was checked when made.
 func lentBytes(p *C.char, name string) (string, error) {
 	if p == nil {
 		return "", argError(name + " must not be NULL")
