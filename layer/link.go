@@ -1,6 +1,7 @@
 package layer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -15,7 +16,10 @@ import (
 // lock, so any call into it can block for as long as a stalled socket takes to time out.
 //
 // A publish skips the queue when nothing can make nats.go block it (tryInline): then the caller
-// hands it to nats.go itself, and no goroutine has to wake up for it.
+// hands it to nats.go itself, and no goroutine has to wake up for it. On a quiet connection the
+// caller also writes it to the socket, as asyncio's transports write at once when their buffer
+// is empty: nats.go's flusher goroutine would otherwise have to wake up for each such publish,
+// and that wake-up is most of a lone message's time in the library.
 //
 // Publishes are bounded, as asyncio's transports bound their write buffers: a send is accepted
 // at once while the queued bytes are under the high-water mark (and nobody waits before it);
@@ -26,12 +30,13 @@ import (
 // was answered. Those still unconfirmed when their connection fails, and those still queued when
 // the layer closes, are counted as lost and logged: nothing accepted vanishes uncounted.
 type link struct {
-	l        *Layer
-	high     int           // queued bytes from which new publishes wait
-	low      int           // queued bytes below which waiting publishes are admitted again
-	deadline time.Duration // how long a publish may wait for room
-	wake     chan struct{} // the writer has work, or the connection changed
-	exited   chan struct{} // closed when the writer returns
+	l          *Layer
+	high       int           // queued bytes from which new publishes wait
+	low        int           // queued bytes below which waiting publishes are admitted again
+	deadline   time.Duration // how long a publish may wait for room
+	wake       chan struct{} // the writer has work, or the connection changed
+	confirmNow chan struct{} // half of inlineLimit is unconfirmed: confirm before confirmEvery
+	exited     chan struct{} // closed when the writer returns
 
 	mu         sync.Mutex
 	queue      []linkItem
@@ -45,13 +50,14 @@ type link struct {
 	lost       Tally
 	accepted   uint64
 	timeouts   uint64
-	refusing   bool   // Close began: publishes are refused
-	stopping   bool   // the writer ends once the queue is written
-	abandoned  bool   // the writer ends at once; what it holds was counted as lost
-	confirming bool   // a confirmation round trip is in flight
-	writing    bool   // the writer holds a batch it has not accounted for yet
-	inline     Tally  // handed to nats.go right now by callers of tryInline
-	failures   uint64 // connections that failed (disconnected)
+	refusing   bool      // Close began: publishes are refused
+	stopping   bool      // the writer ends once the queue is written
+	abandoned  bool      // the writer ends at once; what it holds was counted as lost
+	confirming bool      // a confirmation round trip is in flight
+	writing    bool      // the writer holds a batch it has not accounted for yet
+	inline     Tally     // handed to nats.go right now by callers of tryInline
+	lastHanded time.Time // when the last publish was handed to nats.go
+	failures   uint64    // connections that failed (disconnected)
 }
 
 // linkItem is one queued write: a publish (msg) or a subscription change (run).
@@ -92,14 +98,25 @@ const (
 	linkBatch    = 256                    // items the writer takes at once
 	busyPause    = 20 * time.Millisecond  // before a retry when nats.go was reconnecting
 	downPause    = 250 * time.Millisecond // longest the writer sleeps while the connection is down
-	confirmEvery = 100 * time.Millisecond // least time between two confirmation round trips
+	confirmEvery = 100 * time.Millisecond // longest time between two confirmation round trips
+	// quietGap: a publish handed to nats.go this long after the one before is written to the
+	// socket by its caller. More often, nats.go's flusher writes several per wake-up.
+	quietGap = 100 * time.Microsecond
 )
+
+// writeNow makes nats.go's FlushWithContext write its buffer, and a PING, on the calling thread
+// and return at once: its deadline has passed, so it does not wait for the PONG.
+var writeNow = func() context.Context {
+	ctx, cancel := context.WithDeadline(context.Background(), time.Time{})
+	cancel()
+	return ctx
+}()
 
 func newLink(l *Layer) *link {
 	high := l.cfg.Connection.PendingSize
 	return &link{
 		l: l, high: high, low: high / 2, deadline: l.cfg.PublishDeadline,
-		wake: make(chan struct{}, 1), exited: make(chan struct{}),
+		wake: make(chan struct{}, 1), confirmNow: make(chan struct{}, 1), exited: make(chan struct{}),
 	}
 }
 
@@ -147,8 +164,11 @@ func (k *link) publish(m *nats.Msg, size int, pooled bool, done func(error)) (*O
 // block: the connection is up, nothing is queued, waiting or in the writer's hands (the order of
 // publishes), and what the server has not confirmed stays under inlineLimit, m included. nats.go
 // copies m.Data before this returns. It reports whether m was taken: false leaves m to publish.
+// On a quiet connection (quietGap) m is written to the socket before this returns; that write
+// cannot block either, for the same reason.
 func (k *link) tryInline(m *nats.Msg, size int) bool {
 	t := Tally{1, uint64(size)}
+	now := time.Now()
 	k.mu.Lock()
 	unconfirmed := k.handed.minus(k.confirmed)
 	if k.refusing || k.stopping || !k.up || k.writing || len(k.queue) > 0 || len(k.waiting) > 0 ||
@@ -156,11 +176,19 @@ func (k *link) tryInline(m *nats.Msg, size int) bool {
 		k.mu.Unlock()
 		return false
 	}
+	if now.Sub(k.lastHanded) < quietGap {
+		k.mu.Unlock()
+		return false
+	}
 	nc, failures := k.nc, k.failures
+	k.lastHanded = now
 	k.inline.add(t)
 	k.mu.Unlock()
 
 	err := nc.PublishMsg(m)
+	if err == nil {
+		_ = nc.FlushWithContext(writeNow) // it fails: it does not wait for the PONG
+	}
 
 	k.mu.Lock()
 	k.inline = k.inline.minus(t)
@@ -178,7 +206,7 @@ func (k *link) tryInline(m *nats.Msg, size int) bool {
 		// what that socket held unconfirmed was counted already. It counts as lost with it.
 		lost = "the connection failed while it was written; it may have reached the server"
 	default:
-		k.handed.add(t)
+		k.handAddLocked(t)
 	}
 	if lost != "" {
 		k.lost.add(t)
@@ -394,6 +422,9 @@ func (k *link) write(batch []linkItem, nc *nats.Conn) bool {
 	k.queued = k.queued.minus(done)
 	k.writing = false
 	k.observeLocked(before)
+	if handed.Messages > 0 {
+		k.lastHanded = time.Now()
+	}
 	if after == before {
 		k.handed.add(handed)
 	} else {
@@ -451,14 +482,30 @@ func (k *link) loseUnconfirmedLocked(why string) {
 		"counted as lost (%s; some may have reached it just before)", gone.Messages, gone.Bytes, why))
 }
 
-// confirmLoop asks the server, at most every confirmEvery, to confirm what was handed: a PING
-// after the publishes, answered by a PONG, proves the server read them all.
+// handAddLocked counts t as handed to nats.go on the current connection. Once half of
+// inlineLimit is unconfirmed it asks for a confirmation at once, so that a steady trickle of
+// publishes (a ping-pong) stays under inlineLimit and keeps skipping the queue. k.mu must be
+// held.
+func (k *link) handAddLocked(t Tally) {
+	k.handed.add(t)
+	if !k.confirming && k.handed.minus(k.confirmed).Bytes > inlineLimit/2 {
+		select {
+		case k.confirmNow <- struct{}{}:
+		default: // asked already
+		}
+	}
+}
+
+// confirmLoop asks the server, every confirmEvery or sooner when handAddLocked asks, to confirm
+// what was handed: a PING after the publishes, answered by a PONG, proves the server read them
+// all.
 func (k *link) confirmLoop() {
 	for {
 		select {
 		case <-k.exited:
 			return
 		case <-time.After(confirmEvery):
+		case <-k.confirmNow:
 		}
 		k.mu.Lock()
 		idle := k.handed == k.confirmed || !k.up || k.confirming || k.stopping

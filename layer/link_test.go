@@ -301,9 +301,10 @@ func TestLinkBackpressure(t *testing.T) {
 	}
 }
 
-// TestLinkInlinePublish: on a healthy link with little unconfirmed, a send is handed to nats.go
-// before StartGroupSend returns (on the caller's thread, no writer wake-up), and such sends keep
-// their order with the ones that went through the queue.
+// TestLinkInlinePublish: on a healthy, quiet link a send is handed to nats.go and written to the
+// socket before StartGroupSend returns (on the caller's thread: no writer and no flusher wake-up);
+// the sends of a burst behind it, and one too large to go inline, go through the queue; all of
+// them keep their order.
 func TestLinkInlinePublish(t *testing.T) {
 	s := startServer(t)
 	a := connect(t, testConfig(nil, s.url()))
@@ -311,20 +312,27 @@ func TestLinkInlinePublish(t *testing.T) {
 	sub := lkSubscribe(t, s.url(), "channels.grp."+group)
 	nc := a.link.conn()
 	for n := range count {
-		size, mustInline := 100, n%10 < 8
+		size, quiet := 100, n%10 == 0 || n%10 == 5
 		if n%10 == 8 {
-			size, mustInline = inlineLimit+1, false // too large to go inline: through the writer
+			size = inlineLimit + 1 // too large to go inline, even on a quiet link
+		}
+		if quiet || size > inlineLimit {
+			waitFor(t, 5*time.Second, "the link to settle", func() bool { return linkSettled(a) })
+			time.Sleep(2 * quietGap)
 		}
 		before := nc.Stats().OutMsgs
 		sd := lkStartGroupSend(t, a, group, n, lkBody(t, n, size))
 		if sd.op != nil {
 			t.Fatalf("send %d waits for room on an idle link", n)
 		}
-		if after := nc.Stats().OutMsgs; mustInline && after != before+1 {
-			t.Fatalf("send %d: nats.go took %d message(s) during StartGroupSend, want 1 (handed on the caller's thread)", n, after-before)
+		if !quiet {
+			continue
 		}
-		if n%10 == 9 { // behind the large one, in the queue or not: let the link settle
-			waitFor(t, 5*time.Second, "the link to settle", func() bool { return linkSettled(a) })
+		if after := nc.Stats().OutMsgs; after != before+1 {
+			t.Fatalf("quiet send %d: nats.go took %d message(s) during StartGroupSend, want 1 (handed on the caller's thread)", n, after-before)
+		}
+		if left, err := nc.Buffered(); err != nil || left != 0 {
+			t.Fatalf("quiet send %d: %d byte(s) left in nats.go's buffer when StartGroupSend returned (%v), want them written", n, left, err)
 		}
 	}
 	got := sub.drain(t, 500*time.Millisecond, 2*count)
@@ -338,6 +346,32 @@ func TestLinkInlinePublish(t *testing.T) {
 	}
 	if st := a.Stats(); st.Published != count || st.Lost.Messages != 0 {
 		t.Fatalf("Published %d, Lost %+v; want %d and none", st.Published, st.Lost, count)
+	}
+}
+
+// TestLinkTrickleStaysInline: quiet sends that add up to several times inlineLimit within one
+// confirmEvery (a ping-pong's traffic) all go inline: the link has the server confirm them once
+// half of inlineLimit is unconfirmed, instead of waiting for the next periodic confirmation.
+func TestLinkTrickleStaysInline(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	const group, size, gap = "lk-trickle", 512, 2 * time.Millisecond
+	count := 3 * inlineLimit / size // 96 sends in about 200 ms: 48 KiB, 2 confirmEvery
+	sub := lkSubscribe(t, s.url(), "channels.grp."+group)
+	nc := a.link.conn()
+	waitFor(t, 5*time.Second, "the link to settle", func() bool { return linkSettled(a) })
+	for n := range count {
+		time.Sleep(gap)
+		before := nc.Stats().OutMsgs
+		if sd := lkStartGroupSend(t, a, group, n, lkBody(t, n, size)); sd.op != nil {
+			t.Fatalf("send %d waits for room on an idle link", n)
+		}
+		if after := nc.Stats().OutMsgs; after != before+1 {
+			t.Fatalf("send %d of a trickle (%d bytes every %s) went through the queue, want inline", n, size, gap)
+		}
+	}
+	if got := sub.drain(t, 500*time.Millisecond, 2*count); len(got) != count {
+		t.Fatalf("%d of %d messages arrived", len(got), count)
 	}
 }
 
