@@ -207,22 +207,31 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 	if err != nil {
 		return fail(err)
 	}
-	// The common case: no op, nothing allocated, and no UTF-8 check, since a channel with a
-	// message waiting has a mailbox, made from a name that was checked.
-	if msg, ok := l.TakeWaiting(lent); ok {
-		lendReceived(q, msg, bodyOut, lenOut)
-		return C.CN_OK
-	}
 	if err := checkUTF8(lent, "channel"); err != nil {
 		return fail(err)
 	}
-	return beginOp(c, l, q, closure, opOut, func(o *op) (*layer.Op, error) {
-		msg, lop, err := l.StartReceive(lent, o.receiver)
-		if err == nil && lop == nil {
-			lendReceived(q, msg, bodyOut, lenOut)
+	// A receive that finds a message waiting (the common case) makes no op and allocates
+	// nothing: the op is made only when the receive has to wait.
+	var o *op
+	msg, lop, err := l.StartReceiveWith(lent, func() func(layer.Message, error) {
+		o = c.newOp(l, q, closure)
+		if opOut != nil {
+			*opOut = C.cn_op(o.id) // before a result taken on another thread can name it
 		}
-		return lop, err
+		return o.receiver
 	})
+	switch {
+	case err != nil:
+		if opOut != nil {
+			*opOut = 0
+		}
+		return fail(err)
+	case lop == nil:
+		lendReceived(q, msg, bodyOut, lenOut)
+		return C.CN_OK
+	}
+	o.register(lop)
+	return C.CN_PENDING
 }
 
 // lendReceived hands a message a receive found waiting to the host: lent until the queue's next

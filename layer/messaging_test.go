@@ -1793,53 +1793,70 @@ func TestMessagingReceiveReadyMessageReturnsAtOnce(t *testing.T) {
 	}
 }
 
-// TakeWaiting is the receive that need not wait: it hands out what a mailbox that was received
-// on before holds, oldest first, skips what expired, and leaves everything else to StartReceive.
-func TestMessagingTakeWaiting(t *testing.T) {
+// StartReceiveWith makes the delivery callback only for a receive that has to wait: a receive
+// that finds a message (oldest first) calls newDeliver not at all; one that finds none, or only
+// expired ones, calls it once and gets the next message through it; a closed layer calls it never.
+func TestMessagingStartReceiveWith(t *testing.T) {
 	s := startServer(t)
 	cfg := testConfig(nil, s.url())
 	cfg.Expiry = 300 * time.Millisecond
 	a := connect(t, cfg)
 	b := connect(t, testConfig(nil, s.url()))
 	ch := msgNewChannel(t, a)
-	if _, ok := a.TakeWaiting(ch); ok {
-		t.Fatal("TakeWaiting took from a channel that was never received on")
+	made := 0
+	got := make(chan Message, 1)
+	newDeliver := func() func(Message, error) {
+		made++
+		return func(m Message, err error) {
+			if err != nil {
+				t.Errorf("delivered %v", err)
+			}
+			got <- m
+		}
 	}
-	if _, ok := a.TakeWaiting("no-such-channel"); ok {
-		t.Fatal("TakeWaiting took from a plain channel with no mailbox")
+	typeOf := func(m Message) any {
+		var v map[string]any
+		if err := msgpack.Unmarshal(m.Body, &v); err != nil {
+			t.Fatal(err)
+		}
+		return v["type"]
 	}
-	msgSend(t, b, ch, map[string]any{"type": "first"})
-	if got := msgRecv(t, a, ch); got["type"] != "first" { // makes the mailbox and its subscription
-		t.Fatalf("got %v", got)
-	}
-	if _, ok := a.TakeWaiting(ch); ok {
-		t.Fatal("TakeWaiting took from an empty mailbox")
-	}
-	for _, kind := range []string{"second", "third"} {
+	for _, kind := range []string{"first", "second"} {
 		msgSend(t, b, ch, map[string]any{"type": kind})
 	}
 	waitFor(t, 5*time.Second, "two messages to arrive", func() bool { return msgQueued(a, ch) == 2 })
-	for _, want := range []string{"second", "third"} {
-		msg, ok := a.TakeWaiting(ch)
-		if !ok {
-			t.Fatalf("TakeWaiting found no %s message", want)
+	for _, want := range []string{"first", "second"} {
+		msg, op, err := a.StartReceiveWith(ch, newDeliver)
+		if err != nil || op != nil || typeOf(msg) != want || msg.Channel != ch {
+			t.Fatalf("got %v on %q (op %v, %v), want %s waiting on %q", typeOf(msg), msg.Channel, op, err, want, ch)
 		}
-		var got map[string]any
-		if err := msgpack.Unmarshal(msg.Body, &got); err != nil || got["type"] != want || msg.Channel != ch {
-			t.Fatalf("got %v on %q (%v), want %s on %q", got, msg.Channel, err, want, ch)
-		}
+	}
+	if made != 0 {
+		t.Fatalf("newDeliver called %d time(s) by receives that found a message", made)
 	}
 	msgSend(t, b, ch, map[string]any{"type": "stale"})
 	waitFor(t, 5*time.Second, "the stale message to arrive", func() bool { return msgQueued(a, ch) == 1 })
 	time.Sleep(400 * time.Millisecond) // past expiry (not an assertion)
-	if _, ok := a.TakeWaiting(ch); ok {
-		t.Fatal("TakeWaiting handed out an expired message")
+	if _, op, err := a.StartReceiveWith(ch, newDeliver); err != nil || op == nil {
+		t.Fatalf("a receive that found only an expired message: op %v, %v; want it waiting", op, err)
+	}
+	if made != 1 {
+		t.Fatalf("newDeliver called %d time(s) by a receive that waits, want 1", made)
 	}
 	if got := a.Stats().Dropped.Expired; got != 1 {
 		t.Fatalf("Dropped.Expired = %d, want 1", got)
 	}
+	msgSend(t, b, ch, map[string]any{"type": "next"})
+	select {
+	case m := <-got:
+		if typeOf(m) != "next" {
+			t.Fatalf("the waiting receive got %v, want next", typeOf(m))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting receive got nothing")
+	}
 	_ = a.Close()
-	if _, ok := a.TakeWaiting(ch); ok {
-		t.Fatal("TakeWaiting took from a closed layer")
+	if _, _, err := a.StartReceiveWith(ch, newDeliver); !errors.Is(err, ErrClosed) || made != 1 {
+		t.Fatalf("on a closed layer: %v, newDeliver called %d time(s); want ErrClosed and no call", err, made)
 	}
 }

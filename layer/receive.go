@@ -32,6 +32,14 @@ type Message struct {
 // StartReceive keeps a copy of channel, never channel itself: a host may pass a name it only
 // lends for the call.
 func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Message, *Op, error) {
+	return l.StartReceiveWith(channel, func() func(Message, error) { return deliver })
+}
+
+// StartReceiveWith is StartReceive for a host that makes its delivery callback only when the receive has
+// to wait, so that a receive that finds a message waiting allocates nothing and looks its mailbox
+// up once. newDeliver is called at most once, and only for a receive that returns an *Op, before
+// anything can be delivered to it; it runs under the layer's lock and must not call the layer.
+func (l *Layer) StartReceiveWith(channel string, newDeliver func() func(Message, error)) (Message, *Op, error) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -60,11 +68,12 @@ func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Mess
 		mb.feed = s
 	}
 	if s.confirmed {
-		msg, op := l.takeOrWait(mb, now, deliver)
+		msg, op := l.takeOrWait(mb, now, newDeliver)
 		l.mu.Unlock()
 		return msg, op, nil
 	}
 	mb.subscribing++
+	deliver := newDeliver()
 	l.mu.Unlock()
 
 	// The subscription must be confirmed first; the receive waits for it on a goroutine.
@@ -111,24 +120,6 @@ func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Mess
 	return Message{}, op, nil
 }
 
-// TakeWaiting returns the oldest live message of channel when one is waiting in a mailbox that
-// was received on before: the common case of a receive that need not wait, with nothing
-// allocated. It never retains channel, so a host may pass a name it only lends for the call.
-// ok false says nothing about why: StartReceive then does the whole receive (and reports any
-// error).
-func (l *Layer) TakeWaiting(channel string) (msg Message, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	mb := l.mailboxes[channel]
-	if l.closed || mb == nil || len(mb.entries) == 0 {
-		return Message{}, false
-	}
-	if s := liveFeed(mb); s == nil || !s.confirmed {
-		return Message{}, false
-	}
-	return l.popLocked(mb, time.Now())
-}
-
 // liveFeed is the subscription that feeds mb, when a receive made it and it was not dropped
 // since; nil otherwise (mb may be nil). l.mu must be held.
 func liveFeed(mb *mailbox) *subscription {
@@ -140,13 +131,13 @@ func liveFeed(mb *mailbox) *subscription {
 
 // takeOrWait returns the oldest live message of mb, or makes the receive wait for one. l.mu
 // must be held.
-func (l *Layer) takeOrWait(mb *mailbox, now time.Time, deliver func(Message, error)) (Message, *Op) {
+func (l *Layer) takeOrWait(mb *mailbox, now time.Time, newDeliver func() func(Message, error)) (Message, *Op) {
 	if msg, ok := l.popLocked(mb, now); ok {
 		return msg, nil
 	}
 	p := &pendingReceive{}
 	p.recv = &p.waiter
-	l.listWaiter(&p.waiter, mb, &p.Op, deliver, now)
+	l.listWaiter(&p.waiter, mb, &p.Op, newDeliver(), now)
 	return Message{}, &p.Op
 }
 

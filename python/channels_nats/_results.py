@@ -156,7 +156,7 @@ class LoopQueue:
             elif data:
                 if data != last_data:  # the members of one group message share its body
                     last_data, buffer = data, ffi.buffer(ffi.cast("uint8_t *", data), length)
-                future.set_result(unpackb(buffer, raw=False))
+                future.set_result(unpackb(buffer))
             else:
                 future.set_result(_native.text(ffi.cast("char *", text)) if text else None)
 
