@@ -35,10 +35,11 @@ func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Mess
 	return l.StartReceiveWith(channel, func() func(Message, error) { return deliver })
 }
 
-// StartReceiveWith is StartReceive for a host that makes its delivery callback only when the receive has
-// to wait, so that a receive that finds a message waiting allocates nothing and looks its mailbox
-// up once. newDeliver is called at most once, and only for a receive that returns an *Op, before
-// anything can be delivered to it; it runs under the layer's lock and must not call the layer.
+// StartReceiveWith is StartReceive for a host that makes its delivery callback only when the
+// receive has to wait, so that a receive that finds a message waiting allocates nothing and looks
+// its mailbox up once. newDeliver is called at most once, and only for a receive that returns an
+// *Op, before anything can be delivered to it; it runs under the layer's lock and must not call
+// the layer.
 func (l *Layer) StartReceiveWith(channel string, newDeliver func() func(Message, error)) (Message, *Op, error) {
 	l.mu.Lock()
 	if l.closed {
