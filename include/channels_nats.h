@@ -262,7 +262,10 @@ CN_EXTERN cn_status cn_stats(cn_client client, char **json);
  * most once.
  *   body, len  the msgpack map; required. Copied: the caller may reuse it at once.
  *   queue, closure, op  for the pending case (op may be NULL).
- * CN_OK: accepted into the outbound buffer; it is written as soon as the connection takes it.
+ * CN_OK: accepted into the outbound buffer; it is written as soon as the connection takes it. On
+ * a quiet connection (no publish in the last 100 microseconds, little not yet confirmed by the
+ * server) the call writes it to the socket itself, as a non-blocking write that the socket's
+ * buffer is known to take, so that no library thread has to wake up for it.
  * CN_PENDING: the outbound buffer is full (a slow or stalled link, a frozen server, an outage);
  * the send waits for room, and its result is CN_OK once it was accepted, CN_TIMEOUT when no room
  * came within publish_deadline (nothing was sent), or CN_CLOSED. Cancelling a pending send with
