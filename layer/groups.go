@@ -78,7 +78,22 @@ func (l *Layer) StartGroupAdd(group, channel string, done func(error)) (*Op, err
 func (l *Layer) confirmLater(mb *mailbox, subs []*subscription, done func(error), undo func()) *Op {
 	mb.subscribing++
 	ctx, cancel := context.WithCancel(l.ctx)
-	op := &Op{withdraw: cancel}
+	undone := false // guarded by l.mu
+	undoOnce := func() {
+		if undo != nil && !undone {
+			undone = true
+			undo()
+		}
+	}
+	op := &Op{}
+	op.withdraw = func() {
+		cancel()
+		// At once, not when the goroutine below notices: once Cancel returns, a message
+		// published after it must not reach a membership the cancelled group_add made (S14).
+		l.mu.Lock()
+		undoOnce()
+		l.mu.Unlock()
+	}
 	l.spawn(func() {
 		defer cancel()
 		err := l.confirm(ctx, subs...)
@@ -88,7 +103,7 @@ func (l *Layer) confirmLater(mb *mailbox, subs []*subscription, done func(error)
 		switch {
 		case undo == nil:
 		case !won || err != nil:
-			undo()
+			undoOnce()
 		default:
 			op.retractWith(func() {
 				l.mu.Lock()

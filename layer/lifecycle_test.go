@@ -2155,3 +2155,35 @@ func TestLifecycleLingerCountsFromTheLastReader(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "the release after the last reader's linger", func() bool { return !subscribed() })
 }
+
+// TestLifecycleCancelledGroupAddLeavesAtOnce (S14): once Cancel of a group_add still waiting for
+// the server's confirmation returns, the membership is gone; not later, when the goroutine that
+// confirms notices. A group message published right after the Cancel must not reach the channel.
+func TestLifecycleCancelledGroupAddLeavesAtOnce(t *testing.T) {
+	s := startServer(t)
+	px := lcStartProxy(t, s.url())
+	a := connect(t, testConfig(nil, px.URL()))
+	ctx := ctxT(t, 10*time.Second)
+	pc, err := a.NewChannel(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Stop(faultproxy.Down) // the group subscription cannot be confirmed: the group_add waits
+	for attempt := range 20 {
+		group := fmt.Sprintf("leaves-at-once-%d", attempt)
+		op, err := a.StartGroupAdd(group, pc, func(error) { t.Errorf("the result of a cancelled group_add %s", group) })
+		if err != nil || op == nil {
+			t.Fatalf("StartGroupAdd %s: op %v, %v; want it waiting", group, op, err)
+		}
+		if !op.Cancel() {
+			t.Fatalf("Cancel of the waiting group_add %s lost", group)
+		}
+		a.mu.Lock()
+		g := a.groups[group]
+		member := g != nil && g.process[pc] != nil
+		a.mu.Unlock()
+		if member {
+			t.Fatalf("attempt %d: %s is still a member of %s when Cancel has returned", attempt, pc, group)
+		}
+	}
+}
