@@ -11,6 +11,7 @@ import os
 import re
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
 import msgpack
@@ -216,8 +217,8 @@ class NatsChannelLayer(BaseChannelLayer):
         self._lock = threading.Lock()
         self._client = 0
         self._connecting: _Connecting | None = None
-        self._channel_names: dict[str, bytes] = {}  # names checked once, encoded for the library
-        self._group_names: dict[str, bytes] = {}
+        self._channel_names = _CheckedNames()
+        self._group_names = _CheckedNames()
         _open_layers.add(self)
 
     # ---- names --------------------------------------------------------------------------------
@@ -240,17 +241,15 @@ class NatsChannelLayer(BaseChannelLayer):
 
     def _channel(self, name: str) -> bytes:
         """The checked, encoded form of a channel name."""
-        encoded = self._channel_names.get(name) if type(name) is str else None
+        encoded = self._channel_names.recent.get(name) if type(name) is str else None
         if encoded is None:
-            self.require_valid_channel_name(name)
-            encoded = _remember(self._channel_names, name)
+            encoded = self._channel_names.recall(name, self.require_valid_channel_name)
         return encoded
 
     def _group(self, name: str) -> bytes:
-        encoded = self._group_names.get(name) if type(name) is str else None
+        encoded = self._group_names.recent.get(name) if type(name) is str else None
         if encoded is None:
-            self.require_valid_group_name(name)
-            encoded = _remember(self._group_names, name)
+            encoded = self._group_names.recall(name, self.require_valid_group_name)
         return encoded
 
     # ---- connection -------------------------------------------------------------------------
@@ -303,7 +302,7 @@ class NatsChannelLayer(BaseChannelLayer):
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
-        name = self._channel_names.get(channel) if type(channel) is str else None
+        name = self._channel_names.recent.get(channel) if type(channel) is str else None
         if name is None:
             name = self._channel(channel)
         client = self._client or await self._connection()
@@ -461,15 +460,34 @@ _NUMBERS = (
     "publish_deadline",
 )
 
-_NAMES_KEPT = 4096
-"""At most this many checked names are remembered per kind; then the memory starts over."""
+_NAMES_KEPT = 16384
+"""Names of one kind met since the last turnover of a layer's name memory that start the next."""
 
 
-def _remember(names: dict[str, bytes], name: str) -> bytes:
-    if len(names) >= _NAMES_KEPT:
-        names.clear()
-    encoded = names[name] = name.encode()
-    return encoded
+class _CheckedNames:
+    """Names checked once and encoded for the library: those met since the last turnover
+    (recent) and those met in the span before it (older). A turnover, every _NAMES_KEPT new
+    names, forgets the older ones, so memory stays bounded while consumers come and go. A name
+    used again within a span stays remembered: a process's set of up to _NAMES_KEPT receiving
+    channels is checked once. (Forgetting all at once made every name of a set a little larger
+    than the memory miss on every use.)"""
+
+    __slots__ = ("older", "recent")
+
+    def __init__(self) -> None:
+        self.recent: dict[str, bytes] = {}
+        self.older: dict[str, bytes] = {}
+
+    def recall(self, name: str, check: Callable[[Any], bool]) -> bytes:
+        """The encoded name, checked with check (which raises) unless it is remembered."""
+        encoded = self.older.pop(name, None) if type(name) is str else None
+        if encoded is None:
+            check(name)
+            encoded = name.encode()
+        if len(self.recent) >= _NAMES_KEPT:
+            self.older, self.recent = self.recent, {}
+        self.recent[name] = encoded
+        return encoded
 
 
 class _LogCallback:

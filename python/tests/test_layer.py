@@ -322,6 +322,36 @@ async def test_new_channel_names_are_valid_and_unique(make_layer: MakeLayer) -> 
     assert custom.startswith(f"custom.{layer.stats()['client_id']}!")
 
 
+async def test_names_in_steady_use_are_checked_once(make_layer: MakeLayer) -> None:
+    """A process that uses 10,000 channel and group names again and again checks each once
+    (a check is a regular expression and more): while one-shot names pass through, too."""
+    layer = make_layer()
+    checked: list[object] = []
+    check_channel, check_group = layer.require_valid_channel_name, layer.require_valid_group_name
+
+    def count_channel(name: object, receive: bool = False) -> bool:
+        checked.append(name)
+        return check_channel(name, receive)
+
+    def count_group(name: object) -> bool:
+        checked.append(name)
+        return check_group(name)
+
+    layer.require_valid_channel_name = count_channel  # type: ignore[method-assign]
+    layer.require_valid_group_name = count_group  # type: ignore[method-assign]
+    steady = [f"steady.{n}" for n in range(10_000)]
+    for round_ in range(3):
+        for n, name in enumerate(steady):
+            await layer.send(name, {"type": "t"})
+            await layer.group_send(name, {"type": "t"})
+            if n % 2 == 0:
+                await layer.send(f"once.{round_}.{n}", {"type": "t"})
+        if round_ == 0:
+            assert len(checked) == 2 * len(steady) + len(steady) // 2
+            checked.clear()
+    assert len(checked) == len(steady), f"{len(checked) - len(steady)} steady names were checked again"
+
+
 # ---- round trips (ref 1-6, 37, 35; S7, S9, S10) ----------------------------------------------
 
 
