@@ -238,8 +238,7 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 // take or receive.
 func lendReceived(q *resultQueue, msg layer.Message, bodyOut **C.uint8_t, lenOut *C.size_t) {
 	q.mu.Lock()
-	q.release()
-	storeAddress(unsafe.Pointer(bodyOut), q.lend(msg.Body))
+	storeAddress(unsafe.Pointer(bodyOut), q.lendAgain(msg.Body))
 	*lenOut = C.size_t(len(msg.Body))
 	q.mu.Unlock()
 }

@@ -59,6 +59,7 @@ type resultQueue struct {
 	lent   []*op // whose results the last take handed over: retractable until the next take
 	freed  bool
 	pinned runtime.Pinner // bodies lent by the last take or receive
+	last   uintptr        // the body pinned last, until release
 	texts  unsafe.Pointer // C block the last take's texts were copied into
 	size   int            // its size
 }
@@ -92,18 +93,36 @@ func (q *resultQueue) signal() {
 	}
 }
 
-// lend pins body until the next take or receive with q, and returns its address for C (an
-// integer: see storeAddress). q.mu must be held.
+// lend pins body until the next release, and returns its address for C (an integer: see
+// storeAddress). The members of a group message share one body, so results in a row often lend
+// the same one: it is pinned once. q.mu must be held.
 func (q *resultQueue) lend(body []byte) uintptr {
 	if len(body) == 0 {
 		return 0
 	}
-	q.pinned.Pin(&body[0])
-	return uintptr(unsafe.Pointer(&body[0]))
+	at := uintptr(unsafe.Pointer(&body[0]))
+	if at != q.last {
+		q.pinned.Pin(&body[0])
+		q.last = at
+	}
+	return at
 }
 
 // release ends what the last take or receive lent. q.mu must be held.
-func (q *resultQueue) release() { q.pinned.Unpin() }
+func (q *resultQueue) release() {
+	q.pinned.Unpin()
+	q.last = 0
+}
+
+// lendAgain releases what the last take or receive lent, unless body is the one pinned last: a
+// receive that lends it again keeps it pinned (and what was lent with it, a little longer). q.mu
+// must be held.
+func (q *resultQueue) lendAgain(body []byte) uintptr {
+	if len(body) == 0 || uintptr(unsafe.Pointer(&body[0])) != q.last {
+		q.release()
+	}
+	return q.lend(body)
+}
 
 // textBlock returns a C block of at least n bytes for texts, reusing the last one. q.mu must be
 // held.

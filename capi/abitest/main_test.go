@@ -327,6 +327,23 @@ func (c *client) send(channel string, body []byte) {
 	}
 }
 
+// sendAwaited sends body, waiting for its result when the outbound buffer is full (CN_PENDING).
+func (c *client) sendAwaited(channel string, body []byte) {
+	c.t.Helper()
+	b, n := bp(body)
+	var op uint64
+	st, msg := onThread(func() int32 { return cnSend(c.h, cs(channel), b, n, c.own.h, 0, &op) })
+	switch st {
+	case cnOK:
+	case cnPending:
+		if r := c.own.one(); r.Op != op || r.Status != cnOK {
+			c.t.Fatalf("cn_send(%s) result %v, want op %d CN_OK", channel, r, op)
+		}
+	default:
+		c.t.Fatalf("cn_send(%s): %s (%s)", channel, name(st), msg)
+	}
+}
+
 // groupSend sends body to a group and requires CN_OK.
 func (c *client) groupSend(group string, body []byte) {
 	c.t.Helper()
