@@ -461,13 +461,13 @@ _NUMBERS = (
 )
 
 _NAMES_KEPT = 16384
-"""Names of one kind met since the last turnover of a layer's name memory that start the next."""
+"""How many names a layer's memory of checked names of one kind holds as recent (_CheckedNames)."""
 
 
 class _CheckedNames:
     """Names checked once and encoded for the library: those met since the last turnover
-    (recent) and those met in the span before it (older). A turnover, every _NAMES_KEPT new
-    names, forgets the older ones, so memory stays bounded while consumers come and go. A name
+    (recent) and those met in the span before it (older). A turnover, when _NAMES_KEPT names are
+    recent, forgets the older ones, so memory stays bounded while consumers come and go. A name
     used again within a span stays remembered: a process's set of up to _NAMES_KEPT receiving
     channels is checked once. (Forgetting all at once made every name of a set a little larger
     than the memory miss on every use.)"""

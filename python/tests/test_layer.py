@@ -323,8 +323,8 @@ async def test_new_channel_names_are_valid_and_unique(make_layer: MakeLayer) -> 
 
 
 async def test_names_in_steady_use_are_checked_once(make_layer: MakeLayer) -> None:
-    """A process that uses 10,000 channel and group names again and again checks each once
-    (a check is a regular expression and more): while one-shot names pass through, too."""
+    """A process that uses 10,000 channel and group names again and again checks each name once
+    (a check runs a regular expression), also while names used only once pass through."""
     layer = make_layer()
     checked: list[object] = []
     check_channel, check_group = layer.require_valid_channel_name, layer.require_valid_group_name
