@@ -24,27 +24,23 @@ func bodyClass(n int) int {
 	return class
 }
 
-// copyBody returns a copy of b, in a pooled buffer when b is large enough to be worth it; pooled
-// tells whether to give it back with releaseBody.
-func copyBody(b []byte) (body []byte, pooled bool) {
+// copyBody returns a copy of b, in a buffer of the pool when b is large enough to be worth it:
+// then buf is that buffer, to give back with releaseBody (nil otherwise). The pool holds the
+// buffers' own pointers, so giving one back allocates nothing.
+func copyBody(b []byte) (body []byte, buf *[]byte) {
 	class := bodyClass(len(b))
 	if class < 0 {
-		return append([]byte(nil), b...), false
+		return append([]byte(nil), b...), nil
 	}
-	buf, _ := bodyPools[class].Get().(*[]byte)
+	buf, _ = bodyPools[class].Get().(*[]byte)
 	if buf == nil {
 		fresh := make([]byte, 1<<class)
 		buf = &fresh
 	}
-	return append((*buf)[:0], b...), true
+	return append((*buf)[:0], b...), buf
 }
 
-// releaseBody gives a pooled body back; nothing may use it afterwards.
-func releaseBody(b []byte) {
-	class := bodyClass(cap(b))
-	if class < 0 || cap(b) != 1<<class {
-		return
-	}
-	b = b[:cap(b)]
-	bodyPools[class].Put(&b)
+// releaseBody gives a buffer of copyBody back; nothing may use its body afterwards.
+func releaseBody(buf *[]byte) {
+	bodyPools[bodyClass(len(*buf))].Put(buf)
 }

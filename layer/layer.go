@@ -87,6 +87,7 @@ type Layer struct {
 	redact   *redactor
 	drops    *dropReporter
 	counters counters
+	targets  *sendTargets       // the subject and header of the channels sent to lately
 	link     *link              // every write to the connection goes through it
 	dialer   *dialer            // the sockets of this layer's connections, to cut a stuck one at close
 	ctx      context.Context    // ends when Close begins: every pending operation's wait derives from it
@@ -188,6 +189,7 @@ func Connect(ctx context.Context, cfg Config) (*Layer, error) {
 	l := &Layer{
 		cfg:         cfg,
 		subj:        subjects{cfg.Prefix},
+		targets:     newSendTargets(subjects{cfg.Prefix}),
 		clientID:    randomHex(6),
 		redact:      newRedactor(&cfg),
 		dialer:      newDialer(cfg.Connection.ConnectTimeout),

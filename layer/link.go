@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -64,14 +65,14 @@ type link struct {
 type linkItem struct {
 	msg    *nats.Msg
 	size   int
-	pooled bool // msg.Data goes back to the body pool once written (or given up)
+	pooled *[]byte // the pool's buffer of msg.Data, given back once written (or given up); nil if none
 	run    func(nc *nats.Conn)
 }
 
 // release gives a pooled body back once nothing needs it any more.
 func (it linkItem) release() {
-	if it.pooled {
-		releaseBody(it.msg.Data)
+	if it.pooled != nil {
+		releaseBody(it.pooled)
 	}
 }
 
@@ -136,9 +137,9 @@ func (k *link) signal() {
 func generation(nc *nats.Conn) genKey { return genKey{nc, nc.Stats().Reconnects} }
 
 // publish queues m (size bytes on the wire) or, when there is no room, returns an Op whose done
-// is called once it was queued (nil) or with why it never will be. pooled says that m.Data is a
-// body of the pool (copyBody).
-func (k *link) publish(m *nats.Msg, size int, pooled bool, done func(error)) (*Op, error) {
+// is called once it was queued (nil) or with why it never will be. pooled is the buffer of the
+// pool that m.Data is in (copyBody), or nil.
+func (k *link) publish(m *nats.Msg, size int, pooled *[]byte, done func(error)) (*Op, error) {
 	k.mu.Lock()
 	if k.refusing {
 		k.mu.Unlock()
@@ -325,6 +326,7 @@ func (k *link) run() {
 	defer close(k.exited)
 	go k.confirmLoop()
 	pause := time.Duration(0)
+	buf := make([]linkItem, 0, linkBatch) // each batch in turn: write gives the items up before the next
 	for {
 		if pause > 0 {
 			select {
@@ -332,7 +334,7 @@ func (k *link) run() {
 			case <-time.After(pause):
 			}
 		}
-		batch, nc, ok := k.next()
+		batch, nc, ok := k.next(buf)
 		if !ok {
 			return
 		}
@@ -341,15 +343,17 @@ func (k *link) run() {
 			continue
 		}
 		pause = 0
-		if !k.write(batch, nc) {
+		ok = k.write(batch, nc)
+		clear(batch) // the buffer no longer holds the bodies
+		if !ok {
 			pause = busyPause
 		}
 	}
 }
 
-// next returns the next batch and the connection to write it on; a nil batch when the
-// connection is down; ok false when the writer must end. It waits for work.
-func (k *link) next() (batch []linkItem, nc *nats.Conn, ok bool) {
+// next returns the next batch, in into's array, and the connection to write it on; a nil batch
+// when the connection is down; ok false when the writer must end. It waits for work.
+func (k *link) next(into []linkItem) (batch []linkItem, nc *nats.Conn, ok bool) {
 	for {
 		k.mu.Lock()
 		switch {
@@ -361,9 +365,12 @@ func (k *link) next() (batch []linkItem, nc *nats.Conn, ok bool) {
 			return nil, nil, true
 		case len(k.queue) > 0:
 			n := min(len(k.queue), linkBatch)
-			batch = append([]linkItem(nil), k.queue[:n]...)
-			clear(k.queue[:n]) // the queue no longer holds the bodies
-			k.queue = k.queue[n:]
+			batch = append(into[:0], k.queue[:n]...)
+			// The rest moves to the front, so the queue's array serves for good; the tail is
+			// cleared, so the queue no longer holds the bodies taken.
+			left := copy(k.queue, k.queue[n:])
+			clear(k.queue[left:])
+			k.queue = k.queue[:left]
 			nc = k.nc
 			k.writing = true
 			k.mu.Unlock()
@@ -435,7 +442,7 @@ func (k *link) write(batch []linkItem, nc *nats.Conn) bool {
 	}
 	k.lost.add(refused)
 	if i < len(batch) {
-		k.queue = append(batch[i:len(batch):len(batch)], k.queue...)
+		k.queue = slices.Insert(k.queue, 0, batch[i:]...) // copied: the writer reuses batch's array
 	}
 	admitted := k.admitLocked()
 	k.mu.Unlock()

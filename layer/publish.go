@@ -19,11 +19,8 @@ func (l *Layer) StartSend(channel string, body []byte, done func(error)) (*Op, e
 	if err := ValidateChannelName(channel); err != nil {
 		return nil, err
 	}
-	m := &nats.Msg{Subject: l.subj.channel(channel), Data: body}
-	if IsProcessChannel(channel) {
-		m.Header = nats.Header{ChannelHeader: []string{channel}}
-	}
-	return l.startPublish(m, done)
+	target := l.targets.of(channel)
+	return l.startPublish(&nats.Msg{Subject: target.subject, Header: target.header, Data: body}, done)
 }
 
 // StartGroupSend publishes a msgpack body once on the group's subject; the server fans it out
@@ -51,8 +48,8 @@ func (l *Layer) startPublish(m *nats.Msg, done func(error)) (*Op, error) {
 	data, pooled := copyBody(m.Data)
 	m.Data = data
 	op, err := l.link.publish(m, wire, pooled, done)
-	if err != nil && pooled {
-		releaseBody(data)
+	if err != nil && pooled != nil {
+		releaseBody(pooled)
 	}
 	return op, err
 }
