@@ -169,7 +169,8 @@ CN_EXTERN void cn_free(void *ptr);
  *           socket, preferably non-blocking) or a SOCKET (Windows). Whenever the queue goes from
  *           empty to non-empty, the library writes one byte to it; the results that one arriving
  *           message produces together (a group message finishing many waiting receives) are
- *           signalled once, after the last of them is queued. The host reads and discards these
+ *           signalled once, after the last of them is queued (a group of more than 256 members
+ *           gets its message, and is signalled, in chunks of 256). The host reads and discards these
  *           bytes BEFORE it takes results (so no result is left behind unsignalled), and keeps
  *           notify open until cn_queue_free(). With -1 the host polls.
  *   queue   required; receives the handle.

@@ -53,7 +53,9 @@ type Config struct {
 	// Deliveries, when set, is called by the dispatcher around the deliveries one arrived message
 	// makes to waiting receives (a group message wakes every waiting member): Deliveries(true)
 	// before the first, Deliveries(false) after the last. A host that wakes an event loop per
-	// result can wake it once for the whole burst instead.
+	// result can wake it once for the whole burst instead. A group of more than 256 members gets
+	// its message in chunks of 256, so that the first members need not wait for the last: each
+	// chunk is a burst of its own.
 	Deliveries func(begin bool)
 }
 
