@@ -34,11 +34,20 @@ TICK = 0.010
 class LoopWatch:
     """A ticker task on the running loop that records the longest stall it saw.
 
-    Two kinds of pause are measured apart and not counted, because the layer causes neither: the
-    pauses of Python's own garbage collector (gc.callbacks; a test holding thousands of pending
-    sends makes the interpreter collect), and the time the loop's thread was ready to run but had
-    no CPU (the kernel's run-queue wait, /proc/thread-self/schedstat: on 2 cores shared with
-    nats-server, the proxy and the library's threads, the kernel may run others first)."""
+    Three kinds of pause are measured apart and not counted, because the layer causes none:
+    - the pauses of Python's own garbage collector (gc.callbacks; a test holding thousands of
+      pending sends makes the interpreter collect);
+    - the time the loop's thread was ready to run but had no CPU (the kernel's run-queue wait,
+      /proc/thread-self/schedstat: on 2 cores shared with nats-server, the proxy and the
+      library's threads, the kernel may run others first);
+    - the time the loop's selector slept past its own timeout while no thread of this process
+      ran (the process's CPU time, which counts the library's threads, stood still): the timer
+      was delivered late, and nothing could hold the loop, the GIL included. In a virtual
+      machine whose CPUs are all halted, the hypervisor can deliver it tens of milliseconds late
+      (seen under perf on this machine: both CPUs idle for 19 ms while the loop's 3 ms timeout
+      was due). A call into the layer is never in the selector, so the time the layer blocks
+      the loop, asleep or not, still counts; so does the CPU any thread of this process used
+      while the selector overslept."""
 
     def __init__(self) -> None:
         self.worst = 0.0  # the longest gap, less the tick and the pauses above in it
@@ -46,6 +55,8 @@ class LoopWatch:
         self.ticks = 0
         self._collecting = 0.0
         self._collected = 0.0
+        self._overslept = 0.0
+        self._selector: Any = None
         self._task: asyncio.Task[None] | None = None
 
     def _on_gc(self, phase: str, _info: dict[str, Any]) -> None:
@@ -53,6 +64,28 @@ class LoopWatch:
             self._collecting = time.monotonic()
         elif self._collecting:
             self._collected += time.monotonic() - self._collecting
+
+    def _watch_selector(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Counts the selector's late wake-ups while the process stood still (the third pause
+        above), less what the run-queue wait already counts."""
+        selector = getattr(loop, "_selector", None)
+        if selector is None:
+            return
+        select = selector.select
+
+        def timed_select(timeout: float | None = None) -> Any:
+            if timeout is None or timeout <= 0:
+                return select(timeout)
+            start, cpu, queued = time.monotonic(), time.process_time(), self._queued()
+            ready = select(timeout)
+            late = time.monotonic() - start - timeout
+            if late > 0:
+                late -= (time.process_time() - cpu) + (self._queued() - queued)
+                self._overslept += max(0.0, late)
+            return ready
+
+        selector.select = timed_select
+        self._selector = selector
 
     @staticmethod
     def _queued() -> float:
@@ -64,7 +97,7 @@ class LoopWatch:
             return 0.0
 
     def _pauses(self) -> float:
-        return self._collected + self._queued()
+        return self._collected + self._queued() + self._overslept
 
     async def _tick(self) -> None:
         last, paused = time.monotonic(), self._pauses()
@@ -79,10 +112,13 @@ class LoopWatch:
 
     def start(self) -> None:
         gc.callbacks.append(self._on_gc)
+        self._watch_selector(asyncio.get_running_loop())
         self._task = asyncio.ensure_future(self._tick())
 
     async def stop(self) -> None:
         gc.callbacks.remove(self._on_gc)
+        if self._selector is not None:
+            del self._selector.select  # the class's own select again
         assert self._task is not None
         self._task.cancel()
         try:
