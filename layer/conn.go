@@ -9,66 +9,10 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 )
-
-// dialer opens the layer's sockets and remembers them, so that Close can cut one that a stuck
-// write holds: nats.go writes while holding its connection lock, and a socket that takes nothing
-// would keep even nats.go's own Close waiting until the write deadline.
-type dialer struct {
-	timeout time.Duration
-	dialing func() // called as nats.go starts a dial, while it holds its connection lock
-	mu      sync.Mutex
-	open    map[*trackedConn]struct{}
-}
-
-func newDialer(timeout time.Duration) *dialer {
-	return &dialer{timeout: timeout, open: map[*trackedConn]struct{}{}}
-}
-
-// Dial is nats.CustomDialer's method.
-func (d *dialer) Dial(network, address string) (net.Conn, error) {
-	if d.dialing != nil {
-		d.dialing()
-	}
-	c, err := net.DialTimeout(network, address, d.timeout)
-	if err != nil {
-		return nil, err
-	}
-	t := &trackedConn{Conn: c, d: d}
-	d.mu.Lock()
-	d.open[t] = struct{}{}
-	d.mu.Unlock()
-	return t, nil
-}
-
-// cutAll closes every socket the dialer opened that is still open.
-func (d *dialer) cutAll() {
-	d.mu.Lock()
-	open := make([]*trackedConn, 0, len(d.open))
-	for c := range d.open {
-		open = append(open, c)
-	}
-	d.mu.Unlock()
-	for _, c := range open {
-		_ = c.Close()
-	}
-}
-
-type trackedConn struct {
-	net.Conn
-	d *dialer
-}
-
-func (c *trackedConn) Close() error {
-	c.d.mu.Lock()
-	delete(c.d.open, c)
-	c.d.mu.Unlock()
-	return c.Conn.Close()
-}
 
 // connectFirst opens the first connection, trying again while the servers cannot be reached
 // until ConnectDeadline (retries included) or ctx ends. Refusals that another try would not
@@ -163,10 +107,8 @@ func (l *Layer) natsOptions() ([]nats.Option, error) {
 		nats.Timeout(o.ConnectTimeout),
 		nats.PingInterval(o.PingInterval),
 		nats.MaxPingsOutstanding(o.MaxPingsOutstanding),
-		// A write that takes nothing for as long as the pings allow means the link is dead. A
-		// shorter bound would tear down a link that only stalled, and while a write waits,
-		// nats.go cannot send its pings.
-		nats.FlusherTimeout(o.PingInterval * time.Duration(o.MaxPingsOutstanding+1)),
+		// nats.go passes every write to the layer's socket at once, which buffers it (socket.go).
+		nats.WriteBufferSize(writeBufferSize),
 		nats.ClosedHandler(l.connectionClosed),
 		nats.ErrorHandler(l.asyncError),
 		nats.DisconnectErrHandler(l.disconnected),

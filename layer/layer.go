@@ -192,7 +192,7 @@ func Connect(ctx context.Context, cfg Config) (*Layer, error) {
 		targets:     newSendTargets(subjects{cfg.Prefix}),
 		clientID:    randomHex(6),
 		redact:      newRedactor(&cfg),
-		dialer:      newDialer(cfg.Connection.ConnectTimeout),
+		dialer:      newDialer(cfg.Connection.ConnectTimeout, socketWriteTimeout(cfg.Connection)),
 		inbox:       make(chan *nats.Msg, cfg.Connection.PendingMsgsLimit),
 		wake:        make(chan struct{}, 1),
 		done:        make(chan struct{}),

@@ -1,7 +1,6 @@
 package layer
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -105,14 +104,6 @@ const (
 	quietGap = 100 * time.Microsecond
 )
 
-// writeNow makes nats.go's FlushWithContext write its buffer, and a PING, on the calling thread
-// and return at once: its deadline has passed, so it does not wait for the PONG.
-var writeNow = func() context.Context {
-	ctx, cancel := context.WithDeadline(context.Background(), time.Time{})
-	cancel()
-	return ctx
-}()
-
 func newLink(l *Layer) *link {
 	high := l.cfg.Connection.PendingSize
 	return &link{
@@ -186,10 +177,7 @@ func (k *link) tryInline(m *nats.Msg, size int) bool {
 	k.inline.add(t)
 	k.mu.Unlock()
 
-	err := nc.PublishMsg(m)
-	if err == nil {
-		_ = nc.FlushWithContext(writeNow) // it fails: it does not wait for the PONG
-	}
+	err := k.l.dialer.publishThrough(nc, m)
 
 	k.mu.Lock()
 	k.inline = k.inline.minus(t)

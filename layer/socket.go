@@ -1,0 +1,256 @@
+package layer
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// The layer's sockets sit under nats.go, which is told to pass on every protocol operation as
+// soon as it is made (writeBufferSize). A socket takes those writes into a buffer of its own and
+// its flusher goroutine writes them out: a batch the link's writer hands over leaves in one
+// system call, as it did from nats.go's buffer.
+//
+// A publish handed over on a quiet connection (link.tryInline) is written through instead, on
+// the publishing thread, as asyncio's transports write at once when their buffer is empty. With
+// nats.go's own buffer, the only way to write on the caller's thread was a flush, which sends a
+// PING; the server's PONG then woke the reader for nothing on every such publish, and in a
+// ping-pong that wake-up competed for the CPU with the reply.
+
+const (
+	// writeBufferSize is nats.go's flush threshold: 1 makes it write each operation to the socket
+	// at once, which buffers it.
+	writeBufferSize = 1
+	// socketBufferLimit: a write that would bring a socket's buffer past this is written out by
+	// its caller, which waits for the socket meanwhile, as nats.go's writes did past its own
+	// 32 KiB buffer. It is the bound of what a socket holds (one larger write aside). A
+	// write-through never waits: the link only writes through below inlineLimit.
+	socketBufferLimit = 32 << 10
+	// closeWriteBound bounds the last write of a socket that closes: the link has had what it
+	// handed over confirmed by then, or counted it as lost.
+	closeWriteBound = 100 * time.Millisecond
+)
+
+// socketWriteTimeout: a write that takes nothing for as long as the pings allow means the link is
+// dead. A shorter bound would tear down a link that only stalled, and while a write waits, no
+// ping can go out.
+func socketWriteTimeout(o ConnectionOptions) time.Duration {
+	return o.PingInterval * time.Duration(o.MaxPingsOutstanding+1)
+}
+
+// dialer opens the layer's sockets and remembers them, so that Close can cut one that a stuck
+// write holds: nats.go writes while holding its connection lock, and a socket that takes nothing
+// would keep even nats.go's own Close waiting until the write deadline.
+type dialer struct {
+	timeout      time.Duration // of a dial
+	writeTimeout time.Duration // a write that takes nothing for this long fails: the link is dead
+	dialing      func()        // called as nats.go starts a dial, while it holds its connection lock
+	through      atomic.Int32  // callers of publishThrough now
+	mu           sync.Mutex
+	open         map[*socket]struct{}
+}
+
+func newDialer(timeout, writeTimeout time.Duration) *dialer {
+	return &dialer{timeout: timeout, writeTimeout: writeTimeout, open: map[*socket]struct{}{}}
+}
+
+// Dial is nats.CustomDialer's method.
+func (d *dialer) Dial(network, address string) (net.Conn, error) {
+	if d.dialing != nil {
+		d.dialing()
+	}
+	c, err := net.DialTimeout(network, address, d.timeout)
+	if err != nil {
+		return nil, err
+	}
+	s := &socket{Conn: c, d: d, kick: make(chan struct{}, 1), closed: make(chan struct{})}
+	d.mu.Lock()
+	d.open[s] = struct{}{}
+	d.mu.Unlock()
+	go s.flusher()
+	return s, nil
+}
+
+// cutAll closes every socket the dialer opened that is still open.
+func (d *dialer) cutAll() {
+	d.mu.Lock()
+	open := make([]*socket, 0, len(d.open))
+	for s := range d.open {
+		open = append(open, s)
+	}
+	d.mu.Unlock()
+	for _, s := range open {
+		_ = s.Close()
+	}
+}
+
+// publishThrough publishes m on nc, and the writes nats.go makes meanwhile go straight to the
+// socket when its buffer is empty and no other write is under way (else they are buffered,
+// behind it, and do not wait). Other goroutines' writes meanwhile may go through too: harmless,
+// they leave in the same order either way.
+func (d *dialer) publishThrough(nc *nats.Conn, m *nats.Msg) error {
+	d.through.Add(1)
+	defer d.through.Add(-1)
+	return nc.PublishMsg(m)
+}
+
+// socket is one connection's socket (see the top of this file).
+type socket struct {
+	net.Conn
+	d      *dialer
+	kick   chan struct{} // the buffer has bytes for the flusher
+	closed chan struct{}
+
+	writing sync.Mutex // held while bytes go to the socket: the writes leave in order
+
+	mu    sync.Mutex
+	buf   []byte // written, in order, before anything written later
+	spare []byte // the flusher's: buf's next backing array
+	err   error  // the write that failed, or net.ErrClosed: every later write fails with it
+
+	closing  sync.Once
+	closeErr error
+}
+
+// Write takes p (nats.go's writes are whole protocol operations); see the top of this file.
+func (s *socket) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		return 0, err
+	}
+	through := s.d.through.Load() > 0
+	switch {
+	case through && len(s.buf) == 0 && s.writing.TryLock():
+		s.mu.Unlock()
+		n, err := s.Conn.Write(p)
+		s.writing.Unlock()
+		s.failed(err)
+		return n, err
+	case through || len(s.buf)+len(p) <= socketBufferLimit:
+		first := len(s.buf) == 0
+		s.buf = append(s.buf, p...)
+		s.mu.Unlock()
+		if first {
+			select {
+			case s.kick <- struct{}{}:
+			default: // the flusher was told already
+			}
+		}
+		return len(p), nil
+	}
+	s.mu.Unlock()
+	s.writing.Lock() // behind the flusher's write, if one is under way
+	defer s.writing.Unlock()
+	s.mu.Lock()
+	out := net.Buffers{s.buf, p}
+	s.buf = s.buf[len(s.buf):] // out holds the array until it is written
+	s.mu.Unlock()
+	err := s.writeOut(&out)
+	s.mu.Lock()
+	if len(s.buf) == 0 {
+		s.buf = s.buf[:0:0] // let the written array go; the next append makes a new one
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// flusher writes the buffer out whenever it has bytes, until the socket closes.
+func (s *socket) flusher() {
+	for {
+		select {
+		case <-s.kick:
+		case <-s.closed:
+			return
+		}
+		s.writing.Lock()
+		s.mu.Lock()
+		out := s.buf
+		s.buf = s.spare[:0]
+		s.mu.Unlock()
+		if len(out) > 0 {
+			buffers := net.Buffers{out}
+			_ = s.writeOut(&buffers)
+		}
+		if cap(out) > 4*socketBufferLimit {
+			out = nil // a large write passed: do not keep its array
+		}
+		s.spare = out[:0]
+		s.writing.Unlock()
+	}
+}
+
+// writeOut writes out to the socket within the dialer's write timeout. s.writing must be held.
+func (s *socket) writeOut(out *net.Buffers) error {
+	_ = s.Conn.SetWriteDeadline(time.Now().Add(s.d.writeTimeout))
+	_, err := out.WriteTo(s.Conn)
+	_ = s.Conn.SetWriteDeadline(time.Time{}) // a write-through has none: it cannot wait
+	s.failed(err)
+	return err
+}
+
+// failed records a write that failed and closes the socket, so that nats.go's reader fails too
+// and nats.go replaces the connection: what it had buffered here is lost with the socket.
+func (s *socket) failed(err error) {
+	if err == nil {
+		return
+	}
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.buf = nil
+	s.mu.Unlock()
+	_ = s.Close()
+}
+
+// SetDeadline sets only the read deadline: the socket bounds its writes itself, and nats.go's
+// writes to it never wait.
+func (s *socket) SetDeadline(t time.Time) error { return s.Conn.SetReadDeadline(t) }
+
+// SetWriteDeadline does nothing, for the same reason.
+func (s *socket) SetWriteDeadline(time.Time) error { return nil }
+
+// Close writes what the buffer holds, when no write is stuck and within closeWriteBound (nats.go
+// flushes its buffer before it closes a connection), then closes the socket: that also ends a
+// write that waits.
+func (s *socket) Close() error {
+	s.closing.Do(func() {
+		s.d.mu.Lock()
+		delete(s.d.open, s)
+		s.d.mu.Unlock()
+		if s.writing.TryLock() {
+			s.mu.Lock()
+			out, failed := net.Buffers{s.buf}, s.err != nil
+			s.buf = nil
+			if !failed {
+				s.err = net.ErrClosed
+			}
+			s.mu.Unlock()
+			if len(out[0]) > 0 && !failed {
+				_ = s.Conn.SetWriteDeadline(time.Now().Add(min(s.d.writeTimeout, closeWriteBound)))
+				_, _ = out.WriteTo(s.Conn)
+			}
+			s.writing.Unlock()
+		}
+		s.mu.Lock()
+		s.buf = nil
+		if s.err == nil {
+			s.err = net.ErrClosed
+		}
+		s.mu.Unlock()
+		close(s.closed)
+		s.closeErr = s.Conn.Close()
+	})
+	return s.closeErr
+}
