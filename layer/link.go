@@ -12,14 +12,15 @@ import (
 
 // The link is the writing side of the layer's NATS connection. Every publish, subscribe and
 // unsubscribe is queued here and carried out by one goroutine (run), in the order it was queued.
-// No caller ever waits on nats.go: nats.go writes to the socket while it holds its connection
-// lock, so any call into it can block for as long as a stalled socket takes to time out.
+// No caller ever waits on nats.go: nats.go writes while it holds its connection lock, and a write
+// past what the layer's socket buffers (socket.go) waits for as long as a stalled socket takes
+// to time out.
 //
 // A publish skips the queue when nothing can make nats.go block it (tryInline): then the caller
 // hands it to nats.go itself, and no goroutine has to wake up for it. On a quiet connection the
 // caller also writes it to the socket, as asyncio's transports write at once when their buffer
-// is empty: nats.go's flusher goroutine would otherwise have to wake up for each such publish,
-// and that wake-up is most of a lone message's time in the library.
+// is empty: the socket's flusher goroutine would otherwise have to wake up for each such
+// publish, and that wake-up is most of a lone message's time in the library.
 //
 // Publishes are bounded, as asyncio's transports bound their write buffers: a send is accepted
 // at once while the queued bytes are under the high-water mark (and nobody waits before it);
@@ -91,16 +92,16 @@ type genKey struct {
 
 const (
 	// inlineLimit bounds what the server may not have confirmed yet (a publish written inline
-	// included) for tryInline. Those bytes are all that can sit in nats.go's write buffer, which
-	// nats.go writes to the socket in the publishing call only from 32 KiB, and in the kernel's
-	// socket buffers, which are larger: a socket write cannot block below it.
+	// included) for tryInline. Those bytes are all that can sit in the socket's buffer, whose
+	// writers wait only past socketBufferLimit, and in the kernel's socket buffers, which are
+	// larger: a socket write cannot block below it.
 	inlineLimit  = 16 << 10
 	linkBatch    = 256                    // items the writer takes at once
 	busyPause    = 20 * time.Millisecond  // before a retry when nats.go was reconnecting
 	downPause    = 250 * time.Millisecond // longest the writer sleeps while the connection is down
 	confirmEvery = 100 * time.Millisecond // longest time between two confirmation round trips
 	// quietGap: a publish handed to nats.go this long after the one before is written to the
-	// socket by its caller. More often, nats.go's flusher writes several per wake-up.
+	// socket by its caller. More often, the socket's flusher writes several per wake-up.
 	quietGap = 100 * time.Microsecond
 )
 
