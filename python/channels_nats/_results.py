@@ -123,7 +123,9 @@ class LoopQueue:
         if self._freed:
             return
         try:
-            while self._reader.recv(4096):  # first the signal bytes, then the results: none is missed
+            # First the signal bytes, then the results: none is missed. A read that returns less
+            # than it asked for took them all, so a wake-up costs one read, not two.
+            while len(self._reader.recv(4096)) == 4096:
                 pass
         except (BlockingIOError, InterruptedError):
             pass

@@ -50,11 +50,27 @@ class NatsServer:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as probe:
+                    probe_port = probe.getsockname()[1]
             except OSError:
                 time.sleep(0.02)
+                continue
+            self._wait_until_gone(probe_port, deadline)
+            return
         raise RuntimeError(f"nats-server did not start on port {self.port}")
+
+    def _wait_until_gone(self, client_port: int, deadline: float) -> None:
+        """The server drops a closed connection on its own time; until it has, the readiness
+        probe counts in connz, and a test that counts connections would see it."""
+        while time.monotonic() < deadline:
+            try:
+                listed = self.connz().get("connections") or []
+            except OSError:  # the monitoring listener may open a moment after the client one
+                listed = [{"port": client_port}]
+            if all(c.get("port") != client_port for c in listed):
+                return
+            time.sleep(0.01)
+        raise RuntimeError(f"nats-server on port {self.port} still lists the probe from port {client_port}")
 
     def stop(self) -> None:
         if self.process is not None:
