@@ -686,6 +686,22 @@ ESTIMATE = {
 }
 
 
+STANDARD_SET_OPTIONS = (
+    "scenarios",
+    "layers",
+    "sizes",
+    "procs",
+    "messages",
+    "saturation_messages",
+    "rounds",
+    "count",
+    "consumers",
+)
+"""The options that choose the cells. latest.md and latest.png stand for the standard set: a run
+with any of these changed (fewer scenarios, layers or sizes, other counts) writes its table and
+chart beside its JSON instead."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", default="fanout,saturation,cluster,pingpong,throughput,connections,memory")
@@ -714,6 +730,8 @@ def main() -> None:
     parser.add_argument("--skip-setup", action="store_true", help="do not run make/pip/apt/reference setup")
     parser.add_argument("--out", default="", help="name of the JSON file (default: UTC timestamp)")
     args = parser.parse_args()
+    args.standard = all(getattr(args, key) == parser.get_default(key) for key in STANDARD_SET_OPTIONS)
+    args.out = args.out.removesuffix(".json")
     args.scenarios = [s for s in args.scenarios.split(",") if s]
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     args.procs = [int(p) for p in args.procs.split(",") if p]
@@ -847,10 +865,15 @@ def main() -> None:
     json_path = RESULTS / f"{name}.json"
     json_path.write_text(json.dumps(report, indent=1) + "\n")
     shown = [layer for layer in ALL_LAYERS if layer in layers]
-    (RESULTS / "latest.md").write_text(markdown(report, shown))
-    chart(report, shown, RESULTS / "latest.png")
-    say(f"wrote {json_path}, bench/results/latest.md, bench/results/latest.png in {report['wall_s'] / 60:.1f} min")
-    print((RESULTS / "latest.md").read_text())
+    stem = "latest" if args.standard else name
+    table, picture = RESULTS / f"{stem}.md", RESULTS / f"{stem}.png"
+    table.write_text(markdown(report, shown))
+    chart(report, shown, picture)
+    say(
+        f"wrote {json_path}, {table}, {picture} in {report['wall_s'] / 60:.1f} min"
+        + ("" if args.standard else " (not the standard set: latest.md and latest.png are left as they were)")
+    )
+    print(table.read_text())
 
 
 if __name__ == "__main__":
