@@ -82,11 +82,10 @@ func (q *resultQueue) add(c *client, r outcome) bool {
 	if wasEmpty {
 		q.items = q.array[:0]
 	}
-	if len(q.items) == cap(q.items) {
-		q.items = append(q.items, r) // full: append moves items to a new array, starting at items[0]
+	moves := len(q.items) == cap(q.items) // append moves items to a new array, starting at items[0]
+	q.items = append(q.items, r)
+	if moves {
 		q.array = q.items[:0]
-	} else {
-		q.items = append(q.items, r)
 	}
 	q.mu.Unlock()
 	if wasEmpty {

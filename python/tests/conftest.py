@@ -66,8 +66,8 @@ class NatsServer:
             try:
                 listed = self.connz().get("connections") or []
             except OSError:  # the monitoring listener may open a moment after the client one
-                listed = [{"port": client_port}]
-            if all(c.get("port") != client_port for c in listed):
+                listed = None
+            if listed is not None and all(c.get("port") != client_port for c in listed):
                 return
             time.sleep(0.01)
         raise RuntimeError(f"nats-server on port {self.port} still lists the probe from port {client_port}")
