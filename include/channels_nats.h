@@ -54,6 +54,15 @@
  * The log callback is the only call from a library thread into the host. It must return quickly
  * and must not call functions of this library (they return CN_ILLEGAL_STATE there).
  *
+ * The library's Go runtime
+ * ------------------------
+ * The library runs a Go runtime of its own in the host's process, and a thread inside a call
+ * runs Go code. So that it finds the runtime free to run it, the runtime gets two Ps (Go's
+ * right to run code on a thread) more than the CPUs it would use, and, below a live heap of
+ * 16 MiB, collects garbage 16 MiB after its last collection instead of when its heap doubled.
+ * GOMAXPROCS or GOGC in the environment when the library loads turns the matching setting off
+ * and has Go's own meaning for the library. The host's threads and heap are not touched.
+ *
  * Processes
  * ---------
  * A process forked after the library was loaded cannot use it: every call in the child returns

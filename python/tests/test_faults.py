@@ -13,6 +13,7 @@ import asyncio
 import gc
 import logging
 import os
+import resource
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -52,6 +53,7 @@ class LoopWatch:
     def __init__(self) -> None:
         self.worst = 0.0  # the longest gap, less the tick and the pauses above in it
         self.worst_raw = 0.0
+        self.worst_detail = ""  # what the loop's thread did during the worst gap
         self.ticks = 0
         self._collecting = 0.0
         self._collected = 0.0
@@ -96,19 +98,45 @@ class LoopWatch:
         except OSError:
             return 0.0
 
-    def _pauses(self) -> float:
-        return self._collected + self._queued() + self._overslept
+    def _sample(self) -> tuple[float, ...]:
+        """The clocks a gap is read from: wall time; the three pauses; this thread's CPU time and
+        its voluntary and involuntary context switches (a thread that slept inside a call, on a
+        lock, shows voluntary ones); the process's CPU time."""
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
+        return (
+            time.monotonic(),
+            self._collected,
+            self._queued(),
+            self._overslept,
+            time.thread_time(),
+            usage.ru_nvcsw,
+            usage.ru_nivcsw,
+            time.process_time(),
+        )
 
     async def _tick(self) -> None:
-        last, paused = time.monotonic(), self._pauses()
+        last = self._sample()
         while True:
             await asyncio.sleep(TICK)
-            now, now_paused = time.monotonic(), self._pauses()
-            gap = now - last - TICK
+            now = self._sample()
+            wall, collected, queued, overslept, thread_cpu, slept, preempted, process_cpu = (
+                b - a for a, b in zip(last, now, strict=True)
+            )
+            gap = wall - TICK
             self.worst_raw = max(self.worst_raw, gap)
-            self.worst = max(self.worst, gap - (now_paused - paused))
+            held = gap - collected - queued - overslept
+            if held > self.worst:
+                self.worst = held
+                self.worst_detail = (
+                    f"ticks {wall * 1000:.1f} ms apart, a gap of {gap * 1000:.1f} ms: "
+                    f"the collector {collected * 1000:.1f} ms, waiting for a CPU {queued * 1000:.1f} ms, "
+                    f"the selector oversleeping {overslept * 1000:.1f} ms; "
+                    f"the loop's thread ran {thread_cpu * 1000:.1f} ms "
+                    f"with {int(slept)} voluntary and {int(preempted)} involuntary switches; "
+                    f"the process ran {process_cpu * 1000:.1f} ms"
+                )
             self.ticks += 1
-            last, paused = now, now_paused
+            last = now
 
     def start(self) -> None:
         gc.callbacks.append(self._on_gc)
@@ -141,7 +169,8 @@ def assert_no_stall(watch: LoopWatch, what: str) -> None:
     assert watch.ticks > 0, "the ticker never ran"
     assert watch.worst <= STALL_BOUND, (
         f"{what}: the event loop was held for {watch.worst * 1000:.1f} ms "
-        f"({watch.worst_raw * 1000:.1f} ms with the collector's pauses and the waits for a CPU)"
+        f"({watch.worst_raw * 1000:.1f} ms with the collector's pauses and the waits for a CPU; "
+        f"{watch.worst_detail})"
     )
 
 
