@@ -44,6 +44,10 @@ READY_STREAK = 32
 """Receives in a row that found a message waiting after which the next one yields to the loop."""
 
 CLOSE = 1
+
+IMMUTABLE = frozenset((str, int, float, bool, bytes, type(None)))
+"""The types of a decoded message's values that its members may share: a message that holds
+only these is copied for each member, not decoded again."""
 """The closure of a close: its result has the client handle as op, like the connect's."""
 
 
@@ -139,7 +143,10 @@ class LoopQueue:
 
     def _settle(self, ffi: Any, lib: Any, records: Any) -> None:
         waiting, unpackb = self.waiting, msgpack.unpackb
-        last_data, buffer = 0, None
+        # The members of one group message share its body and come one after another. Its first
+        # decode goes to the first member and, when it holds no list or map, a copy of it to each
+        # of the others: no task runs before all of them are settled, so none has changed it yet.
+        last_data, buffer, first, flat = -1, None, {}, None  # -1: no body yet (0 is none)
         for op, closure, status, text, data, length in records:
             if closure == CLOSE:
                 closed = self.closing.pop(op, None)
@@ -155,10 +162,14 @@ class LoopQueue:
             elif status != _native.OK:
                 detail = _native.text(ffi.cast("char *", text)) if text else ""
                 future.set_exception(_native.error_for(status, detail, publishing))
+            elif data == last_data:  # the next member of that group message: the same body
+                if flat is None:
+                    flat = all(type(value) in IMMUTABLE for value in first.values())
+                future.set_result(first.copy() if flat else unpackb(buffer))
             elif data:
-                if data != last_data:  # the members of one group message share its body
-                    last_data, buffer = data, ffi.buffer(ffi.cast("uint8_t *", data), length)
-                future.set_result(unpackb(buffer))
+                last_data, buffer = data, ffi.buffer(ffi.cast("uint8_t *", data), length)
+                first, flat = unpackb(buffer), None
+                future.set_result(first)
             else:
                 future.set_result(_native.text(ffi.cast("char *", text)) if text else None)
 

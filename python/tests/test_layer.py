@@ -429,6 +429,32 @@ async def test_group_members_get_distinct_dicts(make_layer: MakeLayer) -> None:
     assert two == {"type": "x", "items": [1, 2], "inner": {"k": "v"}}
 
 
+async def test_waiting_group_members_get_distinct_dicts(make_layer: MakeLayer) -> None:
+    """S9, C5 for members whose receives wait when the message comes: their results are settled
+    together, and a message of strings and numbers is decoded once and copied for each."""
+    layer, sender = make_layer(), make_layer()
+    group = unique("g")
+    members = [await layer.new_channel() for _ in range(4)]
+    for member in members:
+        await layer.group_add(group, member)
+    flat = {"type": "flat", "n": 1, "f": 0.5, "b": b"x", "none": None, "yes": True}
+    nested = {"type": "nested", "items": [1, 2], "inner": {"k": "v"}}
+    for message in (flat, nested):
+        waiting = [asyncio.ensure_future(layer.receive(member)) for member in members]
+        await asyncio.sleep(0.1)  # every receive waits
+        await sender.group_send(group, message)
+        got = await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        assert got == [message] * len(members)
+        assert len({id(one) for one in got}) == len(members)
+        got[0]["type"] = "mutated"
+        del got[0]["n" if message is flat else "items"]
+        if message is nested:
+            assert len({id(one["items"]) for one in got[1:]}) == len(members) - 1
+            got[1]["items"].append(3)
+            got[1]["inner"]["k"] = "changed"
+        assert got[2:] == [message] * (len(members) - 2)
+
+
 async def test_order_of_sends_and_group_sends(make_layer: MakeLayer) -> None:
     """ref 6, S10, C9: order within one subscription, and across subscriptions of one connection."""
     layer, sender = make_layer(), make_layer()
