@@ -44,11 +44,11 @@ READY_STREAK = 32
 """Receives in a row that found a message waiting after which the next one yields to the loop."""
 
 CLOSE = 1
+"""The closure of a close: its result has the client handle as op, like the connect's."""
 
 IMMUTABLE = frozenset((str, int, float, bool, bytes, type(None)))
 """The types of a decoded message's values that its members may share: a message that holds
 only these is copied for each member, not decoded again."""
-"""The closure of a close: its result has the client handle as op, like the connect's."""
 
 
 class LoopQueue:
@@ -144,8 +144,8 @@ class LoopQueue:
     def _settle(self, ffi: Any, lib: Any, records: Any) -> None:
         waiting, unpackb = self.waiting, msgpack.unpackb
         # The members of one group message share its body and come one after another. Its first
-        # decode goes to the first member and, when it holds no list or map, a copy of it to each
-        # of the others: no task runs before all of them are settled, so none has changed it yet.
+        # decode goes to the first member and, when its values are all IMMUTABLE, a copy of it to
+        # each of the others: no task runs before all of them are settled, so none changed it yet.
         last_data, buffer, first, flat = -1, None, {}, None  # -1: no body yet (0 is none)
         for op, closure, status, text, data, length in records:
             if closure == CLOSE:
