@@ -77,6 +77,12 @@ HEADLINE: dict[str, list[tuple[str, bool]]] = {
 }
 
 
+def results_stem(out: str) -> Path:
+    """Where --out puts the results, without the suffix: a bare name in RESULTS, a path as given."""
+    path = Path(out)
+    return RESULTS / path if path.parent == Path() else path
+
+
 def say(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
@@ -728,10 +734,14 @@ def main() -> None:
     parser.add_argument("--memory-repeats", type=int, default=1, help="repeats of the (slow) memory scenario")
     parser.add_argument("--timeout", type=float, default=150, help="seconds per run")
     parser.add_argument("--skip-setup", action="store_true", help="do not run make/pip/apt/reference setup")
-    parser.add_argument("--out", default="", help="name of the JSON file (default: UTC timestamp)")
+    parser.add_argument(
+        "--out", default="", help="the JSON file: a name in bench/results, or a path (default: a UTC timestamp)"
+    )
     args = parser.parse_args()
     args.standard = all(getattr(args, key) == parser.get_default(key) for key in STANDARD_SET_OPTIONS)
     args.out = args.out.removesuffix(".json")
+    if args.out and not results_stem(args.out).parent.is_dir():
+        parser.error(f"--out {args.out}.json: there is no directory {results_stem(args.out).parent}")
     args.scenarios = [s for s in args.scenarios.split(",") if s]
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     args.procs = [int(p) for p in args.procs.split(",") if p]
@@ -861,12 +871,13 @@ def main() -> None:
         "results": results,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = args.out or dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    json_path = RESULTS / f"{name}.json"
+    stem = results_stem(args.out or dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    json_path = stem.with_name(stem.name + ".json")
     json_path.write_text(json.dumps(report, indent=1) + "\n")
     shown = [layer for layer in ALL_LAYERS if layer in layers]
-    stem = "latest" if args.standard else name
-    table, picture = RESULTS / f"{stem}.md", RESULTS / f"{stem}.png"
+    if args.standard:
+        stem = RESULTS / "latest"
+    table, picture = stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".png")
     table.write_text(markdown(report, shown))
     chart(report, shown, picture)
     say(
