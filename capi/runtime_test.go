@@ -51,11 +51,11 @@ func collectionsDuring(n int) uint64 {
 	return readMetric("/gc/cycles/total:gc-cycles") - before
 }
 
-// collectedGoal collects, waits until the finalizer goroutine has retuned the collector after
-// it, and returns the live heap and the heap goal of the next collection.
+// collectedGoal collects, gives the finalizer goroutine a moment to retune the collector from
+// the live heap, and returns the live heap and the heap goal of the next collection.
 func collectedGoal() (live, goal uint64) {
 	runtime.GC()
-	runtime.GC() // the first one's finalizer has run by the end of the second
+	runtime.GC()
 	time.Sleep(10 * time.Millisecond)
 	return readMetric("/gc/heap/live:bytes"), readMetric("/gc/heap/goal:bytes")
 }
