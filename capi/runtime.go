@@ -18,7 +18,9 @@ import (
 
 // spareProcs is how many Ps the runtime gets beyond its default (the CPUs it may use): while
 // the library's own goroutines (the reader, the dispatcher, the flushers) hold as many Ps as
-// there are CPUs, a host thread entering a call still finds one free.
+// there are CPUs, a host thread entering a call still finds one free. Setting the count stops
+// the runtime from following later changes of a container's CPU limit, as it does for any
+// program that sets it.
 const spareProcs = 2
 
 // gcFloorBytes is the least the Go heap may grow by between two collections. The library's
