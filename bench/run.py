@@ -740,8 +740,8 @@ def main() -> None:
     args = parser.parse_args()
     args.standard = all(getattr(args, key) == parser.get_default(key) for key in STANDARD_SET_OPTIONS)
     args.out = args.out.removesuffix(".json")
-    if args.out and not results_stem(args.out).parent.is_dir():
-        parser.error(f"--out {args.out}.json: there is no directory {results_stem(args.out).parent}")
+    if args.out and not (out_dir := results_stem(args.out).parent).is_dir():
+        parser.error(f"--out {args.out}.json: there is no directory {out_dir}")
     args.scenarios = [s for s in args.scenarios.split(",") if s]
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     args.procs = [int(p) for p in args.procs.split(",") if p]
