@@ -278,8 +278,8 @@ func (l *Layer) replaceConnection() error {
 	}
 	l.mu.Unlock()
 	l.installConnection(nc)
-	l.counters.recoveries.Add(1)
 	l.log(LevelWarning, fmt.Sprintf("channels_nats: the NATS connection was closed; reconnected and restored %d subscription(s)", len(wanted)))
+	l.counters.recoveries.Add(1)
 	return nil
 }
 

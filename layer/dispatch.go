@@ -208,12 +208,12 @@ func (l *Layer) enqueue(mb *mailbox, body []byte, now time.Time) {
 	ok, expired := mb.push(entry{now, body}, l.cfg.Expiry)
 	l.countExpired(expired)
 	if !ok {
-		l.counters.capacity.Add(1)
 		mb.dropping = true
 		capacity := mb.capacity
 		l.drops.drop("capacity", mb.name, 1, now, func(total uint64) string {
 			return fmt.Sprintf("channels_nats: mailbox for %s is full (capacity %d); %d message(s) dropped so far", mb.name, capacity, total)
 		})
+		l.counters.capacity.Add(1)
 		return
 	}
 	if mb.dropping {
@@ -240,20 +240,20 @@ func (l *Layer) countExpired(n int) {
 // countNoMailbox counts a message for a process channel that has no mailbox here. Warnings are
 // limited per subject, not per name: the names come from whoever publishes.
 func (l *Layer) countNoMailbox(subject, channel string) {
-	l.counters.noMailbox.Add(1)
 	l.drops.drop("no mailbox", subject, 1, time.Now(), func(total uint64) string {
 		return fmt.Sprintf("channels_nats: dropped a message on %s for %s: this client has no mailbox for it (reclaimed "+
 			"after mailbox_grace, or never made) and nothing receives on its prefix; %d so far on this subject",
 			subject, quoteName(channel), total)
 	})
+	l.counters.noMailbox.Add(1)
 }
 
 func (l *Layer) countBadFrame(subject, why string) {
-	l.counters.badFrame.Add(1)
 	l.drops.drop("bad frame", subject, 1, time.Now(), func(total uint64) string {
 		return fmt.Sprintf("channels_nats: dropped a frame on %s that is not a Channels message (%s); %d so far. "+
 			"Whatever publishes on this subject must send a msgpack map with string keys.", subject, why, total)
 	})
+	l.counters.badFrame.Add(1)
 }
 
 // handBack re-publishes messages of a released plain channel on its subject, so another reader

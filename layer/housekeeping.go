@@ -71,9 +71,9 @@ func (l *Layer) expireMember(channel string) {
 	for _, name := range left {
 		l.removeMember(name, channel)
 	}
-	l.counters.groupsExpired.Add(uint64(len(left)))
 	l.log(LevelWarning, fmt.Sprintf("channels_nats: %s left %d group(s) after %s without a reader (group_expiry); "+
 		"a consumer that stops reading should call group_discard", channel, len(left), l.cfg.GroupExpiry))
+	l.counters.groupsExpired.Add(uint64(len(left)))
 }
 
 // scheduleRelease releases plain channel mailbox mb once it has been idle for ReleaseLinger since

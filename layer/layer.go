@@ -119,7 +119,9 @@ type Layer struct {
 	betweenChunks func() // tests: runs while fanOut has let go of the lock
 }
 
-// counters are the Stats counters that are updated without the layer lock.
+// counters are the Stats counters that are updated without the layer lock. A counter whose event
+// is also logged is raised after the warning is written, so that whoever sees the count can read
+// the warning too.
 type counters struct {
 	delivered                             atomic.Uint64
 	capacity, expired, slowConsumer       atomic.Uint64

@@ -234,9 +234,9 @@ func (l *Layer) pollSlowConsumers() {
 
 func (l *Layer) countSlowConsumer(subject string, n int) {
 	limit := l.cfg.Connection.PendingMsgsLimit
-	l.counters.slowConsumer.Add(uint64(n))
 	l.drops.drop("slow consumer", subject, uint64(n), time.Now(), func(total uint64) string {
 		return fmt.Sprintf("channels_nats: the NATS connection dropped %d message(s) on %s before they reached a mailbox "+
 			"(slow consumer; %d so far). Raise pending_msgs_limit (now %d) or receive faster.", n, subject, total, limit)
 	})
+	l.counters.slowConsumer.Add(uint64(n))
 }
