@@ -52,7 +52,7 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 	ctx, cancel := context.WithCancel(context.Background())
 	c.connecting, c.connectQ = cancel, q
 	issued.Store(c.id, struct{}{})
-	clients.Store(c.id, c)
+	clients.put(c.id, c)
 	*out = C.cn_client(c.id)
 
 	c.running.Add(1)
@@ -70,10 +70,11 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 			}
 			err = layer.ErrClosed
 		case err != nil:
-			clients.Delete(c.id)
+			clients.remove(c.id)
 			err = connectError{err}
 		default:
 			c.layer = l
+			c.live.Store(l)
 		}
 		c.mu.Unlock()
 		q.add(c, outcome{id: c.id, closure: closure, status: statusOf(err), text: resultText(err, "")})
@@ -98,6 +99,7 @@ func cngo_close(h C.cn_client, qh C.cn_queue, closure C.uintptr_t) (st C.cn_stat
 		return fail(layer.ErrClosed)
 	}
 	c.closing = true
+	c.live.Store(nil)
 	c.mu.Unlock()
 	go func() {
 		defer recoverInGoroutine(c)

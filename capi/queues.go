@@ -11,7 +11,7 @@ import (
 	"unsafe"
 )
 
-var queues sync.Map // uint64 -> *resultQueue, until cn_queue_free
+var queues handleTable[resultQueue] // until cn_queue_free
 
 // outcome is one result waiting in a queue.
 type outcome struct {
@@ -219,8 +219,8 @@ func (q *resultQueue) free() []outcome {
 }
 
 func lookupQueue(h C.cn_queue) (*resultQueue, error) {
-	if v, ok := queues.Load(uint64(h)); ok {
-		return v.(*resultQueue), nil
+	if q := queues.get(uint64(h)); q != nil {
+		return q, nil
 	}
 	return nil, errInvalidQueue
 }
@@ -240,7 +240,7 @@ func cngo_queue_new(notify C.intptr_t, out *C.cn_queue) (st C.cn_status) {
 		}
 		q.notify = n
 	}
-	queues.Store(q.id, q)
+	queues.put(q.id, q)
 	*out = C.cn_queue(q.id)
 	return C.CN_OK
 }
@@ -270,7 +270,7 @@ func cngo_queue_free(qh C.cn_queue) (st C.cn_status) {
 	if err != nil {
 		return fail(err)
 	}
-	queues.Delete(q.id)
+	queues.remove(q.id)
 	for _, r := range q.free() {
 		if r.op != nil {
 			r.op.unregister()
@@ -278,8 +278,7 @@ func cngo_queue_free(qh C.cn_queue) (st C.cn_status) {
 		}
 	}
 	// Pending operations that would report here are withdrawn; connects are abandoned.
-	clients.Range(func(_, v any) bool {
-		c := v.(*client)
+	for _, c := range clients.all() {
 		c.mu.Lock()
 		var mine []*op
 		for _, o := range c.ops {
@@ -298,7 +297,6 @@ func cngo_queue_free(qh C.cn_queue) (st C.cn_status) {
 		if abandon {
 			go c.close()
 		}
-		return true
-	})
+	}
 	return C.CN_OK
 }

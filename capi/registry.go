@@ -19,8 +19,8 @@ import (
 // and one kind of handle is never taken for another.
 var (
 	lastHandle atomic.Uint64
-	clients    sync.Map // uint64 -> *client, while open
-	issued     sync.Map // uint64 -> struct{}: every client handle ever issued, to tell closed from unknown
+	clients    handleTable[client] // while open
+	issued     sync.Map            // uint64 -> struct{}: every client handle ever issued, to tell closed from unknown
 )
 
 func nextHandle() uint64 { return lastHandle.Add(1) }
@@ -32,6 +32,8 @@ type client struct {
 	logClosure C.uintptr_t
 	silenced   atomic.Bool // set when close finished: no log record may reach the host after
 	burst      burst       // signals of its queues held back during a burst of deliveries
+
+	live atomic.Pointer[layer.Layer] // the layer while it may be used: connected, not closing
 
 	mu         sync.Mutex
 	layer      *layer.Layer       // nil while connecting
@@ -46,8 +48,8 @@ type client struct {
 // lookup finds a client by handle.
 func lookup(h C.cn_client) (*client, error) {
 	id := uint64(h)
-	if v, ok := clients.Load(id); ok {
-		return v.(*client), nil
+	if c := clients.get(id); c != nil {
+		return c, nil
 	}
 	if _, ok := issued.Load(id); ok {
 		return nil, layer.ErrClosed
@@ -60,6 +62,9 @@ func usable(h C.cn_client) (*client, *layer.Layer, error) {
 	c, err := lookup(h)
 	if err != nil {
 		return nil, nil, err
+	}
+	if l := c.live.Load(); l != nil {
+		return c, l, nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -301,5 +306,5 @@ func (c *client) close() {
 		_ = l.Close() // pending operations report CN_CLOSED to their queues
 	}
 	c.silenced.Store(true)
-	clients.Delete(c.id)
+	clients.remove(c.id)
 }
