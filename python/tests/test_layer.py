@@ -25,7 +25,7 @@ from channels.layers import BaseChannelLayer
 from conftest import NatsServer, dead_port, pack, raw_send, unique, wait_subscribed, wait_until
 
 import channels_nats
-from channels_nats import ChannelLayerClosed, NatsChannelLayer
+from channels_nats import ChannelLayerClosed, NatsChannelLayer, _results
 
 MakeLayer = Callable[..., NatsChannelLayer]
 Message = dict[str, Any]
@@ -473,6 +473,45 @@ async def test_order_of_sends_and_group_sends(make_layer: MakeLayer) -> None:
         else:
             await sender.send(channel, {"type": "direct", "i": i})
     assert [(await receive(layer, channel))["i"] for _ in range(30)] == list(range(30))
+
+
+async def test_a_receive_draining_a_backlog_lets_other_tasks_run(make_layer: MakeLayer) -> None:
+    """A receive that finds its message waiting returns without suspending, so a consumer
+    draining a backlog would hold the event loop for the whole backlog: every READY_STREAK-th
+    such receive in a row yields to the loop first, and no other one does."""
+    streak = _results.READY_STREAK
+    count = 20 * streak
+    layer, sender = make_layer(capacity=count), make_layer()
+    backlog, fence = await layer.new_channel(), await layer.new_channel()
+    for i in range(count):
+        await sender.send(backlog, {"type": "backlog", "i": i})
+    await sender.send(fence, {"type": "fence"})
+    assert await receive(layer, fence) == {"type": "fence"}  # S10: the whole backlog is in its mailbox
+    turns = 0
+    spinning = True
+
+    async def spin() -> None:
+        nonlocal turns
+        while spinning:
+            turns += 1
+            await asyncio.sleep(0)
+
+    async def drain() -> tuple[list[int], int]:
+        before = turns
+        got = [(await layer.receive(backlog))["i"] for _ in range(count)]
+        return got, turns - before
+
+    spinner = asyncio.ensure_future(spin())
+    try:
+        got, during = await asyncio.wait_for(drain(), 10)
+    finally:
+        spinning = False
+        await spinner
+    assert got == list(range(count))
+    # The receive after the fence's waited, so the streak starts at 0: the 33rd, 65th, ...
+    # receives yield, 19 of the 640. Each lets the spinner take one turn.
+    yields = (count - 1) // streak
+    assert yields - 1 <= during <= yields + 1, f"the spinner ran {during} times during {count} ready receives"
 
 
 async def test_every_type_the_spec_allows_round_trips(make_layer: MakeLayer) -> None:
