@@ -4,7 +4,9 @@
 
 Writes _cffi.abi3.so next to the library, linked to it (rpath $ORIGIN). Without this module the
 package calls the library through cffi's ABI mode (libffi), which costs about 0.4 µs more per
-call, and a receive that finds a message waiting is one call. The module is built for the stable
+call, and a receive that finds a message waiting is one call. The same file holds a second
+module, channels_nats._fastpath (fastpath.c): cn_receive as one CPython call, which a receive
+uses instead of the cffi function. The module is built for the stable
 ABI, so one build serves every CPython 3.10 and later. It records a fingerprint of the header it
 was built from, and the package uses it only with a header of the same fingerprint next to it.
 
@@ -28,6 +30,9 @@ from types import ModuleType
 
 MODULE_FILE = "_cffi.abi3.so"
 """The file name of the compiled module: _native.py looks for it next to the library."""
+
+FASTPATH_SOURCE = Path(__file__).resolve().parent / "fastpath.c"
+"""The C source of channels_nats._fastpath, compiled into the same file."""
 
 
 def _header_module() -> ModuleType:
@@ -91,6 +96,7 @@ def build(library: Path) -> Path | None:
             f"-I{sysconfig.get_paths()['include']}",
             f"-I{library.parent}",
             str(source),
+            str(FASTPATH_SOURCE),
             f"-L{library.parent}",
             f"-l:{library.name}",
             "-Wl,-rpath,$ORIGIN",

@@ -52,6 +52,7 @@ class PublishTimeout(TimeoutError):
 class _State:
     lib: Any = None
     ffi: cffi.FFI | None = None
+    receive: Any = None  # channels_nats._fastpath.receive, with the compiled module
     loaded_by: int = 0
     forked = False
 
@@ -110,26 +111,24 @@ def load() -> tuple[cffi.FFI, Any]:
             if loaded is None:
                 ffi = cffi.FFI()
                 ffi.cdef(cdef_from_header(text))
-                loaded = ffi, ffi.dlopen(str(path))
-            _state.ffi, _state.lib = loaded
+                loaded = ffi, ffi.dlopen(str(path)), None
+            _state.ffi, _state.lib, _state.receive = loaded
             _state.loaded_by = os.getpid()
     return _state.ffi, _state.lib  # type: ignore[return-value]
 
 
-def _load_compiled(path: Path, header: str) -> tuple[cffi.FFI, Any] | None:
+def _load_compiled(path: Path, header: str) -> tuple[cffi.FFI, Any, Any] | None:
     """The compiled cffi module beside the library (python/cffi_build.py), when there is one built
-    from this header; None to use ABI mode. A module that cannot be used is logged, not raised:
-    ABI mode calls the same functions, only slower."""
+    from this header: its ffi and lib, and the receive of channels_nats._fastpath in the same
+    file. None to use ABI mode. A module that cannot be used is logged, not raised: ABI mode
+    calls the same functions, only slower."""
     module_path = path.with_name(COMPILED_MODULE)
     if path.name != library_file_name() or not module_path.is_file():
         return None  # it is linked to the library of the standard name in its directory
     try:
-        spec = importlib.util.spec_from_file_location("channels_nats._cffi", module_path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"no loader for {module_path}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _load_extension("channels_nats._cffi", module_path)
         built_from = module.ffi.string(getattr(module.lib, FINGERPRINT_FUNCTION)()).decode()
+        receive = _load_extension("channels_nats._fastpath", module_path).receive
     except (ImportError, OSError, AttributeError) as e:
         _log.warning("channels_nats: cannot use %s (%s); calling the library through cffi's ABI mode", module_path, e)
         return None
@@ -140,7 +139,23 @@ def _load_compiled(path: Path, header: str) -> tuple[cffi.FFI, Any] | None:
             module_path,
         )
         return None
-    return module.ffi, module.lib
+    return module.ffi, module.lib, receive
+
+
+def _load_extension(name: str, path: Path) -> Any:
+    """The extension module name from the file path (one file may hold several)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no loader for {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compiled_receive() -> Any:
+    """channels_nats._fastpath.receive (fastpath.c) when the compiled module is used, else None."""
+    load()
+    return _state.receive
 
 
 def call_mode() -> str:

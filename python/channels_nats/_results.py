@@ -23,6 +23,7 @@ import select
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -69,19 +70,20 @@ class LoopQueue:
             self._close_sockets()
             raise
         self.handle = int(handle[0])
-        # What a receive uses on every call, looked up once: a receive that finds a message
-        # waiting is the hot path of every saturated consumer.
-        self.cn_receive = lib.cn_receive
-        self.null = ffi.NULL
-        self.buffer = ffi.buffer
+        # A receive that finds a message waiting is the hot path of every saturated consumer:
+        # the compiled module's one-call receive, else the same through cffi.
+        self.receive: Callable[[int, bytes, int], Any] = _native.compiled_receive() or self._receive_through_cffi
+        self._cn_receive = lib.cn_receive
+        self._null = ffi.NULL
+        self._buffer = ffi.buffer
         self.waiting: dict[int, Waiting] = {}
         self.ready = 0  # receives in a row on this loop that found a message waiting
         self.closing: dict[int, asyncio.Future[None]] = {}
         # Out-parameters of the calls made with this queue: each is read right after its call,
         # before anything else runs on the loop's thread.
         self.op = ffi.new("cn_op *")
-        self.body = ffi.new("const uint8_t **")
-        self.len = ffi.new("size_t *")
+        self._body = ffi.new("const uint8_t **")
+        self._len = ffi.new("size_t *")
         self._results = ffi.new("cn_result[]", TAKE_BATCH)
         self._count = ffi.new("size_t *")
         self._results_buffer = ffi.buffer(self._results)
@@ -111,6 +113,17 @@ class LoopQueue:
             except (OSError, ValueError, RuntimeError):  # the pair or the loop was closed
                 return
             taken.wait(1.0)
+
+    def _receive_through_cffi(self, client: int, channel: bytes, queue: int) -> Any:
+        """cn_receive with no closure, returning what channels_nats._fastpath.receive does: the
+        lent body (a buffer to decode at once), or an int: the op of a pending receive (> 0) or
+        minus the status of a failed call (< 0)."""
+        status = self._cn_receive(client, channel, queue, self._null, self._body, self._len, self.op)
+        if status == _native.OK:
+            return self._buffer(self._body[0], self._len[0])
+        if status == _native.PENDING:
+            return int(self.op[0])
+        return -status
 
     def expect(self, op: int, client: int, publishing: bool = False) -> asyncio.Future[Any]:
         """A future of this loop for the result of pending operation op."""

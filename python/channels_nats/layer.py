@@ -20,7 +20,6 @@ from channels.layers import BaseChannelLayer
 
 from . import _native, _results
 
-_OK = _native.OK
 _unpackb = msgpack.unpackb  # raw=False is msgpack 1.0's default; passing it costs a keyword call per message
 
 CONNECT_OPTIONS = frozenset(
@@ -312,15 +311,15 @@ class NatsChannelLayer(BaseChannelLayer):
             # run others now and then. Before the receive, so a cancellation here loses nothing.
             queue.ready = 0
             await asyncio.sleep(0)
-        status = queue.cn_receive(client, name, queue.handle, queue.null, queue.body, queue.len, queue.op)
-        if status == _OK:  # a message was waiting, lent until the queue's next call
+        got = queue.receive(client, name, queue.handle)
+        if type(got) is not int:  # a message was waiting, lent until the queue's next call
             queue.ready += 1
-            return _unpackb(queue.buffer(queue.body[0], queue.len[0]))
+            return _unpackb(got)
         queue.ready = 0
-        if status != _native.PENDING:
-            _native.raise_for(status, _native.last_error())
+        if got < 0:
+            _native.raise_for(-got, _native.last_error())
         # _wait, inlined: this is the hot path of every fan-out.
-        op = queue.op[0]
+        op = got
         future = queue.loop.create_future()
         queue.waiting[op] = (future, client, False)
         try:

@@ -20,17 +20,28 @@ from channels_nats import _native
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiled module is Linux-only")
 
+# A receive that waits, then two that find their messages waiting (the fence's message came
+# after them on the same subscription), and which receive function the loop's queue uses.
 ROUND_TRIP = """
 import asyncio, sys
-from channels_nats import NatsChannelLayer, _native
+from channels_nats import NatsChannelLayer, _native, _results
 
 async def main():
     layer = NatsChannelLayer(servers=sys.argv[1])
-    channel = await layer.new_channel()
+    channel, fence = await layer.new_channel(), await layer.new_channel()
+    waiting = asyncio.ensure_future(layer.receive(channel))
+    await asyncio.sleep(0.2)
     await layer.send(channel, {"type": "mode.check", "n": 1})
-    got = await asyncio.wait_for(layer.receive(channel), 10)
+    got = [(await asyncio.wait_for(waiting, 10))["n"]]
+    for n in (2, 3):
+        await layer.send(channel, {"type": "mode.check", "n": n})
+    await layer.send(fence, {"type": "mode.fence"})
+    await asyncio.wait_for(layer.receive(fence), 10)
+    got += [(await layer.receive(channel))["n"] for _ in range(2)]
+    receive, fastpath = _results.for_running_loop().receive, _native.compiled_receive()
     await layer.close()
-    print(_native.call_mode(), got["n"])
+    kind = "fastpath" if fastpath is not None and receive is fastpath else "cffi"
+    print(_native.call_mode(), kind, *got)
 
 asyncio.run(main())
 """
@@ -67,12 +78,20 @@ def copy_library(to: Path, with_module: bool) -> Path:
 def test_the_suite_calls_through_the_compiled_module() -> None:
     compiled_module()
     assert _native.call_mode() == "compiled"
+    assert _native.compiled_receive() is not None
+
+
+def test_the_compiled_module_receives_in_one_call(tmp_path: Path, nats_url: str) -> None:
+    compiled_module()
+    done = run_round_trip(copy_library(tmp_path, with_module=True), nats_url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["compiled", "fastpath", "1", "2", "3"]
 
 
 def test_without_the_module_abi_mode_does_the_same(tmp_path: Path, nats_url: str) -> None:
     done = run_round_trip(copy_library(tmp_path, with_module=False), nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["abi", "1"]
+    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3"]
 
 
 def test_a_module_built_from_another_header_is_not_used(tmp_path: Path, nats_url: str) -> None:
@@ -82,7 +101,7 @@ def test_a_module_built_from_another_header_is_not_used(tmp_path: Path, nats_url
     header.write_text(header.read_text(encoding="utf-8") + "\n/* another build */\n", encoding="utf-8")
     done = run_round_trip(library, nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["abi", "1"]
+    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3"]
     assert "was built from another channels_nats.h" in done.stderr
 
 
@@ -92,4 +111,4 @@ def test_a_module_beside_a_renamed_library_is_not_used(tmp_path: Path, nats_url:
     renamed = library.rename(tmp_path / "libchannels_nats-copy.so")
     done = run_round_trip(renamed, nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["abi", "1"]
+    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3"]
