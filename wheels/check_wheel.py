@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "channels_nats"
 COMPILED_MODULE = "_cffi.abi3.so"  # python/cffi_build.py
+MODULE_INITS = (b"PyInit__cffi", b"PyInit__fastpath")  # the two modules the file holds
 LIBRARIES = {"win": "channels_nats.dll", "macosx": "libchannels_nats.dylib", "manylinux": "libchannels_nats.so"}
 LIBRARY_LIMIT = 8 * 1024 * 1024
 
@@ -94,6 +95,11 @@ def check_contents(wheel: zipfile.ZipFile, info: str, library: str, compiled: bo
     want |= {f"{info}/{n}" for n in ("METADATA", "WHEEL", "RECORD")}
     if names != want:
         raise WheelError(f"the wheel holds {sorted(names - want)} too many and misses {sorted(want - names)}")
+    if compiled:
+        module = wheel.read(f"{PACKAGE}/{COMPILED_MODULE}")
+        for init in MODULE_INITS:
+            if init not in module:
+                raise WheelError(f"{COMPILED_MODULE} has no {init.decode()}: it was not built by python/cffi_build.py")
 
 
 def check_record(wheel: zipfile.ZipFile, info: str) -> None:
