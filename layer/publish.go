@@ -16,10 +16,10 @@ import (
 // sent when it returns an error. The body is copied: the caller may reuse it at once. A message
 // sent to a channel nobody receives on is lost (S1).
 func (l *Layer) StartSend(channel string, body []byte, done func(error)) (*Op, error) {
-	if err := ValidateChannelName(channel); err != nil {
+	target, err := l.targets.of(channel)
+	if err != nil {
 		return nil, err
 	}
-	target := l.targets.of(channel)
 	return l.startPublish(&nats.Msg{Subject: target.subject, Header: target.header, Data: body}, done)
 }
 
@@ -27,10 +27,11 @@ func (l *Layer) StartSend(channel string, body []byte, done func(error)) (*Op, e
 // to every member in every process. The rules of StartSend apply. A group with no members is
 // not an error.
 func (l *Layer) StartGroupSend(group string, body []byte, done func(error)) (*Op, error) {
-	if err := ValidateGroupName(group); err != nil {
+	subject, err := l.targets.ofGroup(group)
+	if err != nil {
 		return nil, err
 	}
-	return l.startPublish(&nats.Msg{Subject: l.subj.group(group), Data: body}, done)
+	return l.startPublish(&nats.Msg{Subject: subject, Data: body}, done)
 }
 
 func (l *Layer) startPublish(m *nats.Msg, done func(error)) (*Op, error) {

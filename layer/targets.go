@@ -6,7 +6,8 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// targetsKept bounds the channels whose subject and header a layer keeps for its sends.
+// targetsKept bounds the channels, and apart from them the groups, whose subjects a layer keeps
+// for its sends.
 const targetsKept = 4096
 
 // sendTarget is what every publish to one channel carries: its subject and, for a process
@@ -16,34 +17,59 @@ type sendTarget struct {
 	header  nats.Header
 }
 
-// sendTargets remembers the targets of the channels sent to lately. A reply goes to the same
-// process channel again and again, and its header is a map: made anew for each send it was the
-// largest allocation of a send, and in a burst of sends those allocations made the garbage
-// collector run every few milliseconds, each run a chance to hold up the thread that sends.
+// sendTargets remembers the targets of the channels and groups sent to lately, and with them
+// that their names are valid. A reply goes to the same process channel again and again, and its
+// header is a map: made anew for each send it was the largest allocation of a send, and in a
+// burst of sends those allocations made the garbage collector run every few milliseconds, each
+// run a chance to hold up the thread that sends. Checking the name was the largest part of a
+// send's CPU after that: a name is checked when it is first sent to, and again only after the
+// memory started over.
 type sendTargets struct {
-	subj subjects
-	mu   sync.Mutex
-	kept map[string]sendTarget // emptied when full: a few new entries cost less than an eviction order
+	subj     subjects
+	mu       sync.Mutex
+	channels map[string]sendTarget // emptied when full: a few new entries cost less than an eviction order
+	groups   map[string]string     // group -> subject, emptied when full
 }
 
 func newSendTargets(subj subjects) *sendTargets {
-	return &sendTargets{subj: subj, kept: make(map[string]sendTarget)}
+	return &sendTargets{subj: subj, channels: make(map[string]sendTarget), groups: make(map[string]string)}
 }
 
-// of returns the target of a valid channel name.
-func (t *sendTargets) of(channel string) sendTarget {
+// of returns the target of channel, or the error of an invalid name.
+func (t *sendTargets) of(channel string) (sendTarget, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if target, ok := t.kept[channel]; ok {
-		return target
+	if target, ok := t.channels[channel]; ok {
+		return target, nil
+	}
+	if err := ValidateChannelName(channel); err != nil {
+		return sendTarget{}, err
 	}
 	target := sendTarget{subject: t.subj.channel(channel)}
 	if IsProcessChannel(channel) {
 		target.header = nats.Header{ChannelHeader: []string{channel}}
 	}
-	if len(t.kept) >= targetsKept {
-		t.kept = make(map[string]sendTarget)
+	if len(t.channels) >= targetsKept {
+		t.channels = make(map[string]sendTarget)
 	}
-	t.kept[channel] = target
-	return target
+	t.channels[channel] = target
+	return target, nil
+}
+
+// ofGroup returns the subject of group, or the error of an invalid name.
+func (t *sendTargets) ofGroup(group string) (string, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if subject, ok := t.groups[group]; ok {
+		return subject, nil
+	}
+	if err := ValidateGroupName(group); err != nil {
+		return "", err
+	}
+	subject := t.subj.group(group)
+	if len(t.groups) >= targetsKept {
+		t.groups = make(map[string]string)
+	}
+	t.groups[group] = subject
+	return subject, nil
 }
