@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/channels-nats/channels-nats/internal/faultproxy"
+	"github.com/channels-nats/channels-nats/internal/testport"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -692,7 +693,7 @@ func TestLinkShortStallKeepsConnection(t *testing.T) {
 // error that names the server and connect_deadline; a server that comes up 300 ms after Connect
 // began is connected to; a refusal (a wrong token) fails at once, not after the deadline.
 func TestLinkConnectDeadline(t *testing.T) {
-	dead := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	dead := fmt.Sprintf("127.0.0.1:%d", testport.Free(t))
 	cfg := testConfig(nil, "nats://"+dead)
 	cfg.ConnectDeadline = time.Second
 	start := time.Now()
@@ -711,7 +712,7 @@ func TestLinkConnectDeadline(t *testing.T) {
 	}
 
 	// A server that comes up late: Connect keeps trying.
-	port := freePort(t)
+	port := testport.Free(t)
 	late := Config{Servers: []string{fmt.Sprintf("nats://127.0.0.1:%d", port)}, ConnectDeadline: 5 * time.Second,
 		Log: func(Level, string) {}}
 	type result struct {

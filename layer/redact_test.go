@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/channels-nats/channels-nats/internal/testport"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -58,7 +59,7 @@ func TestRedactorRemovesEverySecretForm(t *testing.T) {
 // TestConnectErrorsAndLogsShowNoSecret connects with every form to a port nobody listens on:
 // neither the error nor any log record shows the secret.
 func TestConnectErrorsAndLogsShowNoSecret(t *testing.T) {
-	port := freePort(t)
+	port := testport.Free(t)
 	for _, form := range secretForms(port) {
 		var mu sync.Mutex
 		var records []string

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/channels-nats/channels-nats/internal/faultproxy"
+	"github.com/channels-nats/channels-nats/internal/testport"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -1052,7 +1053,7 @@ func TestResilienceCloseDuringRecovery(t *testing.T) {
 // accepts but never answers time out and leave no socket and no goroutine behind.
 func TestResilienceConnectFailuresLeaveNothingBehind(t *testing.T) {
 	baseline := rsClientGoroutines()
-	dead := freePort(t)
+	dead := testport.Free(t)
 	cfg := testConfig(nil, fmt.Sprintf("nats://127.0.0.1:%d", dead))
 	cfg.Connection.ConnectTimeout = 500 * time.Millisecond
 	cfg.ConnectDeadline = time.Second // retries included
@@ -1130,7 +1131,7 @@ func TestResilienceConnectHonoursContext(t *testing.T) {
 func TestResilienceConnectErrorsRedactURLCredentials(t *testing.T) {
 	s := startServer(t, func(o *server.Options) { o.Username, o.Password = "rsuser", "right-pw" })
 	fake := rsStartFake(t, "127.0.0.1:0", true)
-	dead := freePort(t)
+	dead := testport.Free(t)
 	for name, u := range map[string]string{
 		"refused":   fmt.Sprintf("nats://rsuser:s3cret@127.0.0.1:%d", dead),
 		"timeout":   "nats://rsuser:s3cret@" + strings.TrimPrefix(fake.url(), "nats://"),

@@ -3,13 +3,13 @@ package layer
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/channels-nats/channels-nats/internal/testport"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -23,21 +23,10 @@ type testServer struct {
 	srv  *server.Server
 }
 
-// freePort asks the kernel for a free loopback port.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // startServer runs a server for the test; configure may change its options.
 func startServer(t testing.TB, configure ...func(*server.Options)) *testServer {
 	t.Helper()
-	opts := server.Options{Host: "127.0.0.1", Port: freePort(t), NoLog: true, NoSigs: true}
+	opts := server.Options{Host: "127.0.0.1", Port: testport.Free(t), NoLog: true, NoSigs: true}
 	for _, f := range configure {
 		f(&opts)
 	}
@@ -87,7 +76,7 @@ func startCluster(t testing.TB, n int) []*testServer {
 	t.Helper()
 	routePorts := make([]int, n)
 	for i := range routePorts {
-		routePorts[i] = freePort(t)
+		routePorts[i] = testport.Free(t)
 	}
 	var routes []*url.URL
 	for _, p := range routePorts {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/channels-nats/channels-nats/internal/testport"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -43,21 +44,10 @@ type testServer struct {
 	url string
 }
 
-// freePort asks the kernel for a free loopback port.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // startServer runs a nats-server for the test; configure may change its options.
 func startServer(t testing.TB, configure ...func(*server.Options)) *testServer {
 	t.Helper()
-	opts := &server.Options{Host: "127.0.0.1", Port: freePort(t), NoLog: true, NoSigs: true}
+	opts := &server.Options{Host: "127.0.0.1", Port: testport.Free(t), NoLog: true, NoSigs: true}
 	for _, f := range configure {
 		f(opts)
 	}
@@ -122,7 +112,7 @@ func silentServer(t testing.TB) string {
 
 // deadURL is a loopback URL on which nothing listens.
 func deadURL(t testing.TB) string {
-	return fmt.Sprintf("nats://127.0.0.1:%d", freePort(t))
+	return fmt.Sprintf("nats://127.0.0.1:%d", testport.Free(t))
 }
 
 // ---- Messages -------------------------------------------------------------------------------
