@@ -39,37 +39,43 @@ func newSendTargets(subj subjects) *sendTargets {
 func (t *sendTargets) of(channel string) (sendTarget, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if target, ok := t.channels[channel]; ok {
+	return remember(&t.channels, channel, func() (sendTarget, error) {
+		if err := ValidateChannelName(channel); err != nil {
+			return sendTarget{}, err
+		}
+		target := sendTarget{subject: t.subj.channel(channel)}
+		if IsProcessChannel(channel) {
+			target.header = nats.Header{ChannelHeader: []string{channel}}
+		}
 		return target, nil
-	}
-	if err := ValidateChannelName(channel); err != nil {
-		return sendTarget{}, err
-	}
-	target := sendTarget{subject: t.subj.channel(channel)}
-	if IsProcessChannel(channel) {
-		target.header = nats.Header{ChannelHeader: []string{channel}}
-	}
-	if len(t.channels) >= targetsKept {
-		t.channels = make(map[string]sendTarget)
-	}
-	t.channels[channel] = target
-	return target, nil
+	})
 }
 
 // ofGroup returns the subject of group, or the error of an invalid name.
 func (t *sendTargets) ofGroup(group string) (string, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if subject, ok := t.groups[group]; ok {
-		return subject, nil
+	return remember(&t.groups, group, func() (string, error) {
+		if err := ValidateGroupName(group); err != nil {
+			return "", err
+		}
+		return t.subj.group(group), nil
+	})
+}
+
+// remember returns what kept holds for name, or builds it and keeps it unless building failed.
+// A full memory starts over. The caller holds the lock that guards kept.
+func remember[V any](kept *map[string]V, name string, build func() (V, error)) (V, error) {
+	if v, ok := (*kept)[name]; ok {
+		return v, nil
 	}
-	if err := ValidateGroupName(group); err != nil {
-		return "", err
+	v, err := build()
+	if err != nil {
+		return v, err
 	}
-	subject := t.subj.group(group)
-	if len(t.groups) >= targetsKept {
-		t.groups = make(map[string]string)
+	if len(*kept) >= targetsKept {
+		*kept = map[string]V{}
 	}
-	t.groups[group] = subject
-	return subject, nil
+	(*kept)[name] = v
+	return v, nil
 }
