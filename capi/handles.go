@@ -46,9 +46,11 @@ func (t *handleTable[T]) all() []*T {
 func (t *handleTable[T]) update(change func(map[uint64]*T)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	next := map[uint64]*T{}
+	var next map[uint64]*T
 	if m := t.current.Load(); m != nil {
 		next = maps.Clone(*m)
+	} else {
+		next = map[uint64]*T{}
 	}
 	change(next)
 	t.current.Store(&next)
