@@ -16,11 +16,11 @@ import (
 // past what the layer's socket buffers (socket.go) waits for as long as a stalled socket takes
 // to time out.
 //
-// A publish skips the queue when nothing can make nats.go block it (tryInline): then the caller
-// hands it to nats.go itself, and no goroutine has to wake up for it. On a quiet connection the
-// caller also writes it to the socket, as asyncio's transports write at once when their buffer
-// is empty: the socket's flusher goroutine would otherwise have to wake up for each such
-// publish, and that wake-up is most of a lone message's time in the library.
+// A publish on a quiet connection skips the queue when nothing can make its write block
+// (tryInline): then the caller writes it to the socket itself, as asyncio's transports write at
+// once when their buffer is empty, and no goroutine has to wake up for it. That wake-up (the
+// writer's, the socket flusher's, nats.go's flusher's) was most of a lone message's time in
+// the library.
 //
 // Publishes are bounded, as asyncio's transports bound their write buffers: a send is accepted
 // at once while the queued bytes are under the high-water mark (and nobody waits before it);
@@ -45,8 +45,9 @@ type link struct {
 	waiting    []*waitingPublish
 	nc         *nats.Conn
 	up         bool   // nc takes publishes; false while nats.go reconnects or after a close for good
+	wire       wire   // the socket nc is established on, for tryInline; none while nc is not up
 	cur        genKey // the connection that handed and confirmed count for
-	handed     Tally  // handed to nats.go on cur
+	handed     Tally  // handed to nats.go, or written to its socket (tryInline), on cur
 	confirmed  Tally  // of handed, what a PONG on cur confirmed
 	lost       Tally
 	accepted   uint64
@@ -56,8 +57,8 @@ type link struct {
 	abandoned  bool      // the writer ends at once; what it holds was counted as lost
 	confirming bool      // a confirmation round trip is in flight
 	writing    bool      // the writer holds a batch it has not accounted for yet
-	inline     Tally     // handed to nats.go right now by callers of tryInline
-	lastHanded time.Time // when the last publish was handed to nats.go
+	inline     Tally     // being written right now by callers of tryInline
+	lastHanded time.Time // when the last publish was handed to nats.go or written (tryInline)
 	failures   uint64    // connections that failed (disconnected)
 }
 
@@ -100,8 +101,9 @@ const (
 	busyPause    = 20 * time.Millisecond  // before a retry when nats.go was reconnecting
 	downPause    = 250 * time.Millisecond // longest the writer sleeps while the connection is down
 	confirmEvery = 100 * time.Millisecond // longest time between two confirmation round trips
-	// quietGap: a publish handed to nats.go this long after the one before is written to the
-	// socket by its caller. More often, the socket's flusher writes several per wake-up.
+	// quietGap: a publish made this long after the one before is written to the socket by its
+	// caller. More often, the writer hands them to nats.go and the socket's flusher writes
+	// several per wake-up.
 	quietGap = 100 * time.Microsecond
 )
 
@@ -153,62 +155,49 @@ func (k *link) publish(m *nats.Msg, size int, pooled *[]byte, done func(error)) 
 	return w.op, nil
 }
 
-// tryInline hands m (size bytes on the wire) to nats.go on the caller's thread, when that cannot
-// block: the connection is up, nothing is queued, waiting or in the writer's hands (the order of
-// publishes), and what the server has not confirmed stays under inlineLimit, m included. nats.go
-// copies m.Data before this returns. It reports whether m was taken: false leaves m to publish.
-// On a quiet connection (quietGap) m is written to the socket before this returns; that write
-// cannot block either, for the same reason.
+// tryInline writes m (size bytes on the wire) to the socket of the established connection on
+// the caller's thread (socket.writePublish), when that cannot block: the connection is up and
+// quiet (quietGap), nothing is queued, waiting or in the writer's hands (the order of
+// publishes), and what the server has not confirmed stays under inlineLimit, m included. m.Data
+// is not kept. It reports whether m was taken: false leaves m to publish.
 func (k *link) tryInline(m *nats.Msg, size int) bool {
 	t := Tally{1, uint64(size)}
 	now := time.Now()
 	k.mu.Lock()
 	unconfirmed := k.handed.minus(k.confirmed)
 	if k.refusing || k.stopping || !k.up || k.writing || len(k.queue) > 0 || len(k.waiting) > 0 ||
-		unconfirmed.Bytes+k.inline.Bytes+t.Bytes > inlineLimit {
+		unconfirmed.Bytes+k.inline.Bytes+t.Bytes > inlineLimit || now.Sub(k.lastHanded) < quietGap ||
+		!k.wire.takes(m, int64(size-len(m.Subject))) { // size less the subject: what max_payload bounds
 		k.mu.Unlock()
 		return false
 	}
-	if now.Sub(k.lastHanded) < quietGap {
-		k.mu.Unlock()
-		return false
-	}
-	nc, failures := k.nc, k.failures
+	sock, failures := k.wire.sock, k.failures
 	k.lastHanded = now
 	k.inline.add(t)
 	k.mu.Unlock()
 
-	err := k.l.dialer.publishThrough(nc, m)
+	written := sock.writePublish(m)
 
 	k.mu.Lock()
 	k.inline = k.inline.minus(t)
-	if err != nil && connectionBusy(err) { // the connection failed meanwhile: queue it after all
+	if !written { // the socket had failed: nothing went out, the writer publishes it once nc is back
 		k.mu.Unlock()
 		return false
 	}
 	k.accepted++
-	var lost string
-	switch {
-	case err != nil && refusedAtOnce(err):
-		lost = "the server refused it: " + k.l.redact.text(err.Error())
-	case k.failures != failures:
-		// The connection failed while m was handed over: on which socket it went is unknown, and
-		// what that socket held unconfirmed was counted already. It counts as lost with it.
-		lost = "the connection failed while it was written; it may have reached the server"
-	default:
+	// A write that failed closed the socket, and nats.go replaces the connection: m counts as
+	// handed on it, lost with whatever else it held unconfirmed. When the connection failed
+	// while m was written, that was counted already, and whether m reached the server is
+	// unknown: m counts as lost.
+	lost := k.failures != failures
+	if lost {
+		k.lost.add(t)
+	} else {
 		k.handAddLocked(t)
 	}
-	if lost != "" {
-		k.lost.add(t)
-	}
 	k.mu.Unlock()
-	if lost != "" {
-		k.l.log(LevelWarning, fmt.Sprintf("channels_nats: 1 publish(es) (%d bytes) counted as lost: %s", t.Bytes, lost))
-	}
-	if err != nil && !refusedAtOnce(err) {
-		// As in write: the socket failed, replace it at once; not here, where it would wait for
-		// nats.go's connection lock.
-		go func() { _ = nc.ForceReconnect() }()
+	if lost {
+		k.l.log(LevelWarning, fmt.Sprintf("channels_nats: 1 publish(es) (%d bytes) counted as lost: the connection failed while it was written; it may have reached the server", t.Bytes))
 	}
 	return true
 }
@@ -535,9 +524,10 @@ func (k *link) confirm(nc *nats.Conn, timeout time.Duration) bool {
 
 // connected records that nc (re)connected: publishes flow again.
 func (k *link) connected(nc *nats.Conn) {
+	w := k.l.dialer.established(nc)
 	k.mu.Lock()
 	if nc == k.nc {
-		k.up = true
+		k.up, k.wire = true, w
 	}
 	k.mu.Unlock()
 	k.signal()
@@ -548,7 +538,7 @@ func (k *link) connected(nc *nats.Conn) {
 // inline until the connection is up again. The disconnect callback says so too, but later.
 func (k *link) dialing() {
 	k.mu.Lock()
-	k.up = false
+	k.up, k.wire = false, wire{}
 	k.mu.Unlock()
 }
 
@@ -556,7 +546,7 @@ func (k *link) dialing() {
 func (k *link) disconnected(nc *nats.Conn) {
 	k.mu.Lock()
 	if nc == k.nc {
-		k.up = false
+		k.up, k.wire = false, wire{}
 		k.failures++
 		if !k.abandoned {
 			k.loseUnconfirmedLocked("the connection failed before the server confirmed them")
@@ -568,8 +558,9 @@ func (k *link) disconnected(nc *nats.Conn) {
 // install makes nc the connection to write on (the first one, or one that replaces a connection
 // closed for good).
 func (k *link) install(nc *nats.Conn) {
+	w := k.l.dialer.established(nc)
 	k.mu.Lock()
-	k.nc, k.up, k.cur = nc, true, genKey{nc: nc}
+	k.nc, k.up, k.cur, k.wire = nc, true, genKey{nc: nc}, w
 	k.handed, k.confirmed = Tally{}, Tally{}
 	k.mu.Unlock()
 	k.signal()

@@ -43,7 +43,7 @@ func (l *Layer) startPublish(m *nats.Msg, done func(error)) (*Op, error) {
 		return nil, &MessageTooLargeError{Size: size, MaxPayload: limit}
 	}
 	wire := int(size) + len(m.Subject)
-	if l.link.tryInline(m, wire) { // nats.go copied the body: no copy of ours is needed
+	if l.link.tryInline(m, wire) { // written or copied to the socket: no copy of ours is needed
 		return nil, nil
 	}
 	data, pooled := copyBody(m.Data)
@@ -53,20 +53,6 @@ func (l *Layer) startPublish(m *nats.Msg, done func(error)) (*Op, error) {
 		releaseBody(pooled)
 	}
 	return op, err
-}
-
-// headerSize is how many bytes a header block adds to a message on the wire.
-func headerSize(h nats.Header) int {
-	if len(h) == 0 {
-		return 0
-	}
-	n := len("NATS/1.0\r\n") + len("\r\n")
-	for k, vs := range h {
-		for _, v := range vs {
-			n += len(k) + len(": ") + len(v) + len("\r\n")
-		}
-	}
-	return n
 }
 
 // SendRaw is StartSend that waits, within ctx, until the message is accepted.

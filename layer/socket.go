@@ -1,7 +1,9 @@
 package layer
 
 import (
+	"errors"
 	"net"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,20 +16,20 @@ import (
 // its flusher goroutine writes them out: a batch the link's writer hands over leaves in one
 // system call, as it did from nats.go's buffer.
 //
-// A publish handed over on a quiet connection (link.tryInline) is written through instead, on
-// the publishing thread, as asyncio's transports write at once when their buffer is empty. With
-// nats.go's own buffer, the only way to write on the caller's thread was a flush, which sends a
-// PING; the server's PONG then woke the reader for nothing on every such publish, and in a
-// ping-pong that wake-up competed for the CPU with the reply.
+// A publish made on a quiet connection (link.tryInline) does not pass through nats.go: the
+// layer writes its protocol operation to the socket of the established connection itself
+// (socket.writePublish), on the publishing thread, as asyncio's transports write at once when
+// their buffer is empty. Behind bytes still buffered or being written it is buffered too, so
+// the socket's writes leave in the order they were made. See protocol.go for why.
 
 const (
 	// writeBufferSize is nats.go's flush threshold: 1 makes it write each operation to the socket
 	// at once, which buffers it.
 	writeBufferSize = 1
-	// socketBufferLimit: a write that would bring a socket's buffer past this is written out by
-	// its caller, which waits for the socket meanwhile, as nats.go's writes did past its own
-	// 32 KiB buffer. It is the bound of what a socket holds (one larger write aside). A
-	// write-through never waits: the link only writes through below inlineLimit.
+	// socketBufferLimit: a write of nats.go's that would bring a socket's buffer past this is
+	// written out by its caller, which waits for the socket meanwhile, as nats.go's writes did
+	// past its own 32 KiB buffer. It is the bound of what a socket holds (one larger write
+	// aside). writePublish never waits: the link only writes that way below inlineLimit.
 	socketBufferLimit = 32 << 10
 	// closeWriteBound bounds the last write of a socket that closes: the link has had what it
 	// handed over confirmed by then, or counted it as lost.
@@ -45,10 +47,10 @@ func socketWriteTimeout(o ConnectionOptions) time.Duration {
 // write holds: nats.go writes while holding its connection lock, and a socket that takes nothing
 // would keep even nats.go's own Close waiting until the write deadline.
 type dialer struct {
-	timeout      time.Duration // of a dial
-	writeTimeout time.Duration // a write that takes nothing for this long fails: the link is dead
-	dialing      func()        // called as nats.go starts a dial, while it holds its connection lock
-	through      atomic.Int32  // callers of publishThrough now
+	timeout      time.Duration          // of a dial
+	writeTimeout time.Duration          // a write that takes nothing for this long fails: the link is dead
+	dialing      func()                 // called as nats.go starts a dial, while it holds its connection lock
+	latest       atomic.Pointer[socket] // the socket of the last dial
 	mu           sync.Mutex
 	open         map[*socket]struct{}
 }
@@ -70,6 +72,7 @@ func (d *dialer) Dial(network, address string) (net.Conn, error) {
 	d.mu.Lock()
 	d.open[s] = struct{}{}
 	d.mu.Unlock()
+	d.latest.Store(s)
 	go s.flusher()
 	return s, nil
 }
@@ -87,14 +90,44 @@ func (d *dialer) cutAll() {
 	}
 }
 
-// publishThrough publishes m on nc, and the writes nats.go makes meanwhile go straight to the
-// socket when its buffer is empty and no other write is under way (else they are buffered,
-// behind it, and do not wait). Other goroutines' writes meanwhile may go through too: harmless,
-// they leave in the same order either way.
-func (d *dialer) publishThrough(nc *nats.Conn, m *nats.Msg) error {
-	d.through.Add(1)
-	defer d.through.Add(-1)
-	return nc.PublishMsg(m)
+// wire is the socket of an established connection, with what its server accepts.
+type wire struct {
+	sock       *socket
+	maxPayload int64
+	headers    bool
+}
+
+// takes reports whether m may be written on w as it is: a larger one, or one with headers that
+// the server does not support, goes through nats.go, which refuses it.
+func (w wire) takes(m *nats.Msg, size int64) bool {
+	return w.sock != nil && size <= w.maxPayload && (len(m.Header) == 0 || w.headers)
+}
+
+// established returns the wire of nc when nc is connected, on the socket of the dialer's last
+// dial, and writes the protocol to it as it is (bare); else none. nats.go dials only while it
+// is not connected, so a connected nc writes to the last socket dialed, unless a dial began
+// meanwhile: the socket is read before and after. It waits for nats.go's connection lock: only
+// the callbacks and the connecting goroutine call it.
+func (d *dialer) established(nc *nats.Conn) wire {
+	s := d.latest.Load()
+	if s == nil || !nc.IsConnected() || !bare(nc) {
+		return wire{}
+	}
+	w := wire{sock: s, maxPayload: nc.MaxPayload(), headers: nc.HeadersSupported()}
+	if d.latest.Load() != s {
+		return wire{}
+	}
+	return w
+}
+
+// bare reports whether nc writes the NATS protocol to its socket as it is: not through TLS, not
+// in websocket frames. Only to such a socket may the layer write a publish itself.
+func bare(nc *nats.Conn) bool {
+	if _, err := nc.TLSConnectionState(); !errors.Is(err, nats.ErrConnectionNotTLS) {
+		return false
+	}
+	u, err := url.Parse(nc.ConnectedUrl())
+	return err == nil && u.Scheme != "ws" && u.Scheme != "wss"
 }
 
 // socket is one connection's socket (see the top of this file).
@@ -126,24 +159,8 @@ func (s *socket) Write(p []byte) (int, error) {
 		s.mu.Unlock()
 		return 0, err
 	}
-	through := s.d.through.Load() > 0
-	switch {
-	case through && len(s.buf) == 0 && s.writing.TryLock():
-		s.mu.Unlock()
-		n, err := s.Conn.Write(p)
-		s.writing.Unlock()
-		s.failed(err)
-		return n, err
-	case through || len(s.buf)+len(p) <= socketBufferLimit:
-		first := len(s.buf) == 0
-		s.buf = append(s.buf, p...)
-		s.mu.Unlock()
-		if first {
-			select {
-			case s.kick <- struct{}{}:
-			default: // the flusher was told already
-			}
-		}
+	if len(s.buf)+len(p) <= socketBufferLimit {
+		s.bufferLocked(p)
 		return len(p), nil
 	}
 	s.mu.Unlock()
@@ -163,6 +180,53 @@ func (s *socket) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// writePublish writes the protocol operation of m (see protocol.go) straight to the socket when
+// nothing is buffered or being written; else it buffers it behind those bytes. It never waits
+// for the flusher, and waits for the socket only as long as the kernel's socket buffer is full:
+// the link writes this way only while what the server has not confirmed is small. It returns
+// false when the socket had failed or closed before: then nothing of m went out. A write that
+// fails closes the socket (failed), and nats.go replaces the connection. m.Data is not kept.
+func (s *socket) writePublish(m *nats.Msg) bool {
+	bp := opBuffers.Get().(*[]byte)
+	// One buffer, one write: the body is small here (inlineLimit), and Go's race detector sees
+	// a plain write to a socket, not writev, as ordering what the peer reads after it.
+	op := append(append(appendPublishOp((*bp)[:0], m), m.Data...), crlf...)
+	defer func() {
+		if cap(op) <= opBufferKept {
+			*bp = op[:0]
+			opBuffers.Put(bp)
+		}
+	}()
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return false
+	}
+	if len(s.buf) > 0 || !s.writing.TryLock() {
+		s.bufferLocked(op)
+		return true
+	}
+	s.mu.Unlock()
+	_, err := s.Conn.Write(op)
+	s.writing.Unlock()
+	s.failed(err)
+	return true
+}
+
+// bufferLocked appends p to the buffer, unlocks s.mu and tells the flusher when the buffer was
+// empty. s.mu must be held.
+func (s *socket) bufferLocked(p []byte) {
+	first := len(s.buf) == 0
+	s.buf = append(s.buf, p...)
+	s.mu.Unlock()
+	if first {
+		select {
+		case s.kick <- struct{}{}:
+		default: // the flusher was told already
+		}
+	}
 }
 
 // flusher writes the buffer out whenever it has bytes, until the socket closes.
@@ -194,7 +258,7 @@ func (s *socket) flusher() {
 func (s *socket) writeOut(out *net.Buffers) error {
 	_ = s.Conn.SetWriteDeadline(time.Now().Add(s.d.writeTimeout))
 	_, err := out.WriteTo(s.Conn)
-	_ = s.Conn.SetWriteDeadline(time.Time{}) // a write-through has none: it cannot wait
+	_ = s.Conn.SetWriteDeadline(time.Time{}) // writePublish sets none: it cannot wait
 	s.failed(err)
 	return err
 }

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // pipeSocket is a socket over one end of a net.Pipe, whose writes wait until the other end
@@ -65,32 +67,31 @@ func TestSocketBuffersWritesWithoutWaiting(t *testing.T) {
 	}
 }
 
-// TestSocketWritesThroughOnTheCaller: during publishThrough a write goes to the socket on the
-// caller's goroutine, so it returns only once the peer took it; behind a buffered write it is
-// buffered instead and returns at once, and the peer reads both in order.
-func TestSocketWritesThroughOnTheCaller(t *testing.T) {
-	s, d, peer := pipeSocket(t)
-	d.through.Add(1)
-	done := make(chan struct{})
-	go func() {
-		_, _ = s.Write([]byte("PUB a 1\r\nx\r\n"))
-		close(done)
-	}()
+// TestSocketWritesAPublishOnTheCaller: writePublish writes a publish's protocol operation to
+// the socket on the caller's goroutine, so it returns only once the peer took it; behind a
+// buffered write it is buffered instead and returns at once, and the peer reads both in order.
+// On a socket that failed it writes nothing and says so.
+func TestSocketWritesAPublishOnTheCaller(t *testing.T) {
+	s, _, peer := pipeSocket(t)
+	const op = "PUB a 1\r\nx\r\n"
+	done := make(chan bool, 1)
+	go func() { done <- s.writePublish(&nats.Msg{Subject: "a", Data: []byte("x")}) }()
 	select {
 	case <-done:
-		t.Fatal("a write-through returned before the peer read it: it was buffered")
+		t.Fatal("writePublish returned before the peer read it: it was buffered")
 	case <-time.After(100 * time.Millisecond):
 	}
-	got := make([]byte, len("PUB a 1\r\nx\r\n"))
-	if _, err := io.ReadFull(peer, got); err != nil || string(got) != "PUB a 1\r\nx\r\n" {
-		t.Fatalf("peer read %q (%v)", got, err)
+	got := make([]byte, len(op))
+	if _, err := io.ReadFull(peer, got); err != nil || string(got) != op {
+		t.Fatalf("peer read %q (%v), want %q", got, err, op)
 	}
-	<-done
-	d.through.Add(-1)
+	if !<-done {
+		t.Fatal("writePublish reported nothing written on an open socket")
+	}
 
 	// A buffered write first, held by the flusher in a write the peer does not take yet: the
-	// write-through behind it must not overtake it, nor wait.
-	first, second := "PUB a 1\r\nfirst\r\n", "PUB a 1\r\nsecond\r\n"
+	// publish behind it must not overtake it, nor wait.
+	first := "PUB a 5\r\nfirst\r\n"
 	if _, err := s.Write([]byte(first)); err != nil {
 		t.Fatal(err)
 	}
@@ -101,14 +102,19 @@ func TestSocketWritesThroughOnTheCaller(t *testing.T) {
 		s.writing.Unlock()
 		return false
 	})
-	d.through.Add(1)
-	if !writeReturns(func() { _, _ = s.Write([]byte(second)) }, 2*time.Second) {
-		t.Fatal("a write-through behind a write under way waited for the socket")
+	second := &nats.Msg{Subject: "b", Header: nats.Header{"Channel": {"b!x"}}, Data: []byte("second")}
+	wantSecond := "HPUB b 26 32\r\nNATS/1.0\r\nChannel: b!x\r\n\r\nsecond\r\n"
+	if !writeReturns(func() { s.writePublish(second) }, 2*time.Second) {
+		t.Fatal("a publish behind a write under way waited for the socket")
 	}
-	d.through.Add(-1)
-	both := make([]byte, len(first)+len(second))
-	if _, err := io.ReadFull(peer, both); err != nil || string(both) != first+second {
-		t.Fatalf("peer read %q (%v), want %q", both, err, first+second)
+	both := make([]byte, len(first)+len(wantSecond))
+	if _, err := io.ReadFull(peer, both); err != nil || string(both) != first+wantSecond {
+		t.Fatalf("peer read %q (%v), want %q", both, err, first+wantSecond)
+	}
+
+	_ = s.Close()
+	if s.writePublish(&nats.Msg{Subject: "a", Data: []byte("x")}) {
+		t.Fatal("writePublish on a closed socket reported the publish written")
 	}
 }
 
