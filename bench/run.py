@@ -70,7 +70,7 @@ HEADLINE: dict[str, list[tuple[str, bool]]] = {
     "fanout": [("p50_ms", True), ("p99_ms", True), ("deliveries_per_s", False)],
     "saturation": [("deliveries_per_s", False)],
     "cluster": [("deliveries_per_s", False)],
-    "pingpong": [("rtt_p50_ms", True), ("rtt_p99_ms", True)],
+    "pingpong": [("rtt_p50_ms", True), ("rtt_p99_ms", True), ("cpu_us_per_round_trip", True)],
     "throughput": [("messages_per_s", False)],
     "connections": [("connections_opened", True)],
     "memory": [("rss_per_consumer_kb", True)],

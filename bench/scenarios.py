@@ -248,23 +248,31 @@ async def _pingpong_peer(conn: Connection, layer_name: str, url: str, role: str,
     mine = await layer.new_channel()
     conn.send(mine)
     other: str = await loop.run_in_executor(None, conn.recv)
+    # Each side's CPU (every thread of its process: the library's included) over the measured
+    # rounds: from the first measured ping to the stop.
     if role == "pong":
+        cpu_start = time.process_time()
         while True:
             message = await layer.receive(mine)
             if message.get("stop"):
                 break
+            if message.get("i") == warmup:
+                cpu_start = time.process_time()
             await layer.send(other, message)
-        conn.send({})
+        conn.send({"cpu_s": time.process_time() - cpu_start})
     else:
         rtts: list[float] = []
+        cpu_start = time.process_time()
         for index in range(warmup + rounds):
+            if index == warmup:
+                cpu_start = time.process_time()
             start = time.perf_counter()
             await layer.send(other, {"type": "bench.ping", "i": index})
             await layer.receive(mine)
             if index >= warmup:
                 rtts.append((time.perf_counter() - start) * 1000)
         await layer.send(other, {"type": "bench.ping", "stop": True})
-        conn.send({"rtts": rtts})
+        conn.send({"rtts": rtts, "cpu_s": time.process_time() - cpu_start})
     await close_layer(layer)
 
 
@@ -284,7 +292,7 @@ def run_pingpong(args: argparse.Namespace) -> None:
         peers[1][1].send(names[0])
         log(f"pingpong: {args.layer} {args.rounds} rounds")
         result = _recv(peers[0][1], 300, "the ping side's report")
-        _recv(peers[1][1], 30, "the pong side")
+        pong = _recv(peers[1][1], 30, "the pong side")
     finally:
         for proc, _ in peers:
             proc.join(timeout=15)
@@ -297,8 +305,12 @@ def run_pingpong(args: argparse.Namespace) -> None:
         "rtt_p99_ms": percentile(rtts, 99),
         "rtt_max_ms": rtts[-1] if rtts else float("nan"),
         "round_trips_per_s": len(rtts) / (sum(rtts) / 1000) if rtts else 0.0,
+        "cpu_us_per_round_trip": (result["cpu_s"] + pong["cpu_s"]) * 1e6 / len(rtts) if rtts else float("nan"),
     }
-    log(f"pingpong: p50 {metrics['rtt_p50_ms']:.3f} ms, p99 {metrics['rtt_p99_ms']:.3f} ms")
+    log(
+        f"pingpong: p50 {metrics['rtt_p50_ms']:.3f} ms, p99 {metrics['rtt_p99_ms']:.3f} ms, "
+        f"{metrics['cpu_us_per_round_trip']:.0f} us of CPU per round trip"
+    )
     emit("pingpong", args.layer, {"rounds": args.rounds, "warmup": args.warmup}, metrics)
 
 
