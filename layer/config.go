@@ -50,7 +50,7 @@ type Config struct {
 	Connection ConnectionOptions
 	// Log receives the layer's warnings (drops, reconnects). Default: the log/slog default logger.
 	Log LogFunc
-	// Deliveries, when set, is called by the dispatcher around the deliveries one arrived message
+	// Deliveries, when set, is called by the layer's routing around the deliveries one arrived message
 	// makes to waiting receives (a group message wakes every waiting member): Deliveries(true)
 	// before the first, Deliveries(false) after the last. A host that wakes an event loop per
 	// result can wake it once for the whole burst instead. A group of more than 256 members gets
@@ -90,8 +90,8 @@ type ConnectionOptions struct {
 	// PingInterval x (MaxPingsOutstanding+1) ends the connection too.
 	PingInterval        time.Duration
 	MaxPingsOutstanding int
-	// PendingMsgsLimit is how many inbound messages may wait for the dispatcher before the
-	// connection drops new ones as a slow consumer (default 65536).
+	// PendingMsgsLimit is how many inbound messages may wait to be routed before the connection
+	// drops new ones as a slow consumer (default 65536).
 	PendingMsgsLimit int
 }
 

@@ -163,6 +163,7 @@ func (l *Layer) installConnection(nc *nats.Conn) {
 func (l *Layer) disconnected(nc *nats.Conn, err error) {
 	l.connected.Store(false)
 	l.link.disconnected(nc)
+	l.handOverInbox()
 	if err != nil && !nc.IsClosed() {
 		l.log(LevelWarning, fmt.Sprintf("channels_nats: disconnected from NATS (%s); reconnecting", l.redact.text(err.Error())))
 	}
@@ -195,7 +196,7 @@ func (l *Layer) learnServer(nc *nats.Conn) {
 }
 
 // asyncError receives nats.go's asynchronous errors. A slow consumer means the connection
-// dropped messages before the dispatcher saw them (S3); the count is read from the subscription.
+// dropped messages before they were routed (S3); the count is read from the subscription.
 func (l *Layer) asyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
 	if errors.Is(err, nats.ErrSlowConsumer) {
 		select {
@@ -287,6 +288,7 @@ func (l *Layer) replaceConnection() error {
 // closing, it starts the background recovery, so that a process that only receives comes back too.
 func (l *Layer) connectionClosed(nc *nats.Conn) {
 	l.link.disconnected(nc)
+	l.handOverInbox()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed || nc != l.link.conn() {

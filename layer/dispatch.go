@@ -18,34 +18,145 @@ type handoff struct {
 }
 
 // handoffs holds the messages given to waiters, in the order they were given (under the layer
-// lock), until the dispatch goroutine delivers them outside the lock. One goroutine delivering in
-// that order keeps the order of arrival, put-backs included (S10, S14).
+// lock), until they are delivered outside that lock, under Layer.routing: deliveries made one
+// batch at a time, in that order, keep the order of arrival, put-backs included (S10, S14).
 type handoffs struct {
 	queued []handoff // guarded by Layer.mu
-	spare  []handoff // the dispatcher's: queued's next backing array, so delivering allocates nothing
+	spare  []handoff // guarded by Layer.routing: queued's next backing array, so delivering allocates nothing
 }
 
-// dispatch is the single consumer of every subscription (S10): it validates each frame once and
-// routes it to its mailboxes in arrival order. It also delivers every handoff.
+// Every subscription delivers into the inbox, in arrival order (nats.go's reader puts them
+// there), and the inbox is routed in that order: a message is taken from it and routed under
+// Layer.routing, one at a time, by one of two goroutines.
+//
+// Usually nats.go's reader routes what it put there itself, before it reads the socket again
+// (routeArrived, called by socket.Read): a message reaches its mailbox or its waiting receive
+// on the thread that read it. Handing each to the dispatcher goroutine woke that goroutine and,
+// on an idle runtime, a second thread looking for work, for every message of a quiet connection.
+//
+// The reader waits for no lock to start routing a message (a large group's fan-out takes the
+// layer lock back between its chunks like any routing), and when routing what one read brought
+// takes longer than routeBudget (a burst, a large group), it hands the rest to the dispatcher
+// and reads on. So the connection is still read while the dispatcher routes, and when that
+// falls behind, nats.go drops and counts what the inbox cannot hold (S3), as when the
+// dispatcher routed every message. The dispatcher hands routing back once it finds the inbox
+// empty. A connection that fails (its reader may have left messages in the inbox) wakes the
+// dispatcher too.
+
+// routeBudget is how long the reader routes before it hands the rest of the inbox over.
+const routeBudget = time.Millisecond
+
+// dispatch routes the inbox when it is handed over, and delivers the handoffs queued by others
+// (a receive's put-back).
 func (l *Layer) dispatch() {
 	defer l.routines.Done()
 	for {
 		select {
-		case m := <-l.inbox:
-			l.route(m)
 		case <-l.kick:
 		case <-l.done:
-			l.deliverHandoffs() // given before the close: delivered before its ErrClosed
+			l.routing.Lock()
+			l.deliverHandoffs(true) // given before the close: delivered before its ErrClosed
+			l.routing.Unlock()
 			return
 		}
-		l.deliverHandoffs()
+		l.routeHandedOver() // and delivers the handoffs
 	}
 }
 
-// deliverHandoffs calls the waiters of the queued handoffs, in order. Only the dispatch goroutine
-// calls it.
-func (l *Layer) deliverHandoffs() {
-	l.mu.Lock()
+// routeArrived routes the inbox on the calling goroutine (nats.go's reader, before each read of
+// the socket) unless the dispatcher routes it now. When another goroutine holds the routing or
+// the layer lock, or past routeBudget, it leaves the rest to the dispatcher and wakes it.
+func (l *Layer) routeArrived() {
+	if len(l.inbox) == 0 {
+		return
+	}
+	if l.dispatcherRoutes.Load() || !l.routing.TryLock() {
+		l.kickDispatcher() // it routes what it finds in the inbox: these messages included
+		return
+	}
+	defer l.routing.Unlock()
+	start := time.Now()
+	for {
+		m, ok := l.nextArrived()
+		if !ok {
+			break
+		}
+		routed := l.route(m, false)
+		if !routed || len(l.inbox) > 0 && time.Since(start) > routeBudget {
+			if !routed {
+				l.held = m // the dispatcher routes it first
+			}
+			l.dispatcherRoutes.Store(true)
+			l.kickDispatcher() // it delivers the handoffs too
+			return
+		}
+	}
+	if !l.deliverHandoffs(false) {
+		l.kickDispatcher()
+	}
+}
+
+// handOverInbox makes the dispatcher route what the inbox holds: the reader of a connection that
+// failed may have left messages there, and it will not read again.
+func (l *Layer) handOverInbox() {
+	if len(l.inbox) > 0 {
+		l.kickDispatcher()
+	}
+}
+
+// routeHandedOver is the dispatcher's routing, when it is woken: whatever the inbox holds, a
+// message at a time (the reader takes no lock another goroutine holds), until it is empty; then
+// the reader routes again.
+func (l *Layer) routeHandedOver() {
+	for {
+		l.routing.Lock()
+		m, more := l.nextArrived()
+		if more {
+			l.dispatcherRoutes.Store(true)
+			l.route(m, true)
+		} else {
+			l.dispatcherRoutes.Store(false)
+		}
+		l.deliverHandoffs(true)
+		l.routing.Unlock()
+		if !more {
+			return
+		}
+	}
+}
+
+// kickDispatcher wakes the dispatcher: it has handoffs to deliver, or the inbox to route.
+func (l *Layer) kickDispatcher() {
+	select {
+	case l.kick <- struct{}{}:
+	default: // a kick is pending: the dispatcher will see this one's work too
+	}
+}
+
+// nextArrived takes the next message to route: the one the reader handed over unrouted, then
+// the inbox's, in order. l.routing must be held.
+func (l *Layer) nextArrived() (*nats.Msg, bool) {
+	if m := l.held; m != nil {
+		l.held = nil
+		return m, true
+	}
+	select {
+	case m := <-l.inbox:
+		return m, true
+	default:
+		return nil, false
+	}
+}
+
+// deliverHandoffs calls the waiters of the queued handoffs, in order. l.routing must be held.
+// Unless wait is set it does nothing while another goroutine holds the layer lock, and returns
+// false.
+func (l *Layer) deliverHandoffs(wait bool) bool {
+	if wait {
+		l.mu.Lock()
+	} else if !l.mu.TryLock() {
+		return false
+	}
 	batch := l.handoffs.queued
 	l.handoffs.queued = l.handoffs.spare[:0]
 	l.mu.Unlock()
@@ -62,6 +173,7 @@ func (l *Layer) deliverHandoffs() {
 		clear(batch) // let the bodies be collected
 	}
 	l.handoffs.spare = batch[:0]
+	return true
 }
 
 // handTo delivers msg to a receive, or gives it back when the receive was cancelled after the
@@ -80,21 +192,27 @@ func (l *Layer) handTo(op *Op, deliver func(Message, error), msg Message) {
 	deliver(msg, nil)
 }
 
-func (l *Layer) route(m *nats.Msg) {
+// route routes m to its mailboxes and waiting receives, and reports true; false when wait is
+// not set and another goroutine holds the layer lock: then m is not routed yet.
+func (l *Layer) route(m *nats.Msg, wait bool) bool {
 	if err := ValidateFrame(m.Data); err != nil {
 		l.countBadFrame(m.Subject, err.Error())
-		return
+		return true
 	}
 	rest, ok := strings.CutPrefix(m.Subject, l.cfg.Prefix+".")
 	if !ok {
-		return // not ours: cannot happen with the subjects this layer subscribes to
+		return true // not ours: cannot happen with the subjects this layer subscribes to
 	}
 	kind, name, _ := strings.Cut(rest, ".")
 
-	l.mu.Lock()
+	if wait {
+		l.mu.Lock()
+	} else if !l.mu.TryLock() {
+		return false
+	}
 	if l.closed {
 		l.mu.Unlock()
-		return
+		return true
 	}
 	now := time.Now() // the expiry clock starts in the mailbox, not while waiting for the lock (S4)
 	switch kind {
@@ -107,7 +225,7 @@ func (l *Layer) route(m *nats.Msg) {
 		if !isProcess || nonLocal != name {
 			l.mu.Unlock()
 			l.countBadFrame(m.Subject, fmt.Sprintf("its %s header %s does not name a process channel of %s", ChannelHeader, quoteName(target), name))
-			return
+			return true
 		}
 		mb := l.mailboxes[target]
 		if mb == nil {
@@ -136,21 +254,22 @@ func (l *Layer) route(m *nats.Msg) {
 			break
 		}
 		if !l.fanOut(name, g, m.Data, now) {
-			return // the layer closed while the lock was let go; l.mu is not held
+			return true // the layer closed while the lock was let go; l.mu is not held
 		}
 	}
 	l.mu.Unlock()
+	return true
 }
 
 // fanOutChunk is how many members of a group one hold of the layer lock delivers a message to.
 // A receive on another thread, which needs the lock too, then waits for one chunk, not for the
-// whole group: 10,000 members take the dispatcher about a millisecond.
+// whole group: 10,000 members take about a millisecond.
 const fanOutChunk = 256
 
 // fanOut enqueues body to every process-channel member of g, the group name names; they share
 // body, and receivers copy (S9). l.mu must be held. Past fanOutChunk members it lets go of the
-// lock between chunks and delivers the handoffs so far (the dispatcher is the only goroutine
-// that routes and delivers, so the order of arrival holds in each mailbox and for each receive)
+// lock between chunks and delivers the handoffs so far (it holds l.routing: nothing else routes or
+// delivers meanwhile, so the order of arrival holds in each mailbox and for each receive)
 // and, when g changed meanwhile, skips those no longer members. It returns with l.mu held,
 // unless the layer closed meanwhile (false, l.mu not held).
 func (l *Layer) fanOut(name string, g *groupMembers, body []byte, now time.Time) bool {
@@ -174,7 +293,7 @@ func (l *Layer) fanOut(name string, g *groupMembers, body []byte, now time.Time)
 			// Let go of the lock: a receive waiting for it takes it, and the members served
 			// so far get their message now, not after the whole group.
 			l.mu.Unlock()
-			l.deliverHandoffs()
+			l.deliverHandoffs(true)
 			if l.betweenChunks != nil {
 				l.betweenChunks()
 			}

@@ -22,7 +22,8 @@
 // Delivery is at most once (Core NATS only, nothing on disk). Mailboxes hold at most Capacity
 // messages each; new messages to a full mailbox are dropped and counted, never blocked on.
 // Everything one Layer receives is delivered in arrival order across all its subscriptions,
-// because a single dispatcher goroutine routes every inbound message. Receives are cancellable
+// because every inbound message is routed in that order, one at a time (by the connection's
+// reader, or by the dispatcher goroutine in a burst). Receives are cancellable
 // through their context and never lose a message when cancelled. The numbered rules S1-S20 of the
 // project's SPEC.md are mapped to tests in docs/test-plan.md.
 //

@@ -39,7 +39,7 @@ const (
 var errTruncated = errors.New("truncated")
 
 // ValidateFrame checks that body is a valid wire message (see FrameError). It does not allocate
-// and reads each byte once, so the dispatcher can run it on every inbound frame.
+// and reads each byte once, so routing can run it on every inbound frame.
 func ValidateFrame(body []byte) error {
 	r := newFrameReader(body)
 	n, ok := r.mapHeader()

@@ -93,12 +93,18 @@ type Layer struct {
 	ctx      context.Context    // ends when Close begins: every pending operation's wait derives from it
 	stop     context.CancelFunc // ends ctx
 
-	inbox    chan *nats.Msg // every subscription delivers here, so one dispatcher sees arrival order
-	wake     chan struct{}  // asks housekeeping to look at slow-consumer drops now
-	kick     chan struct{}  // asks the dispatcher to deliver handoffs queued outside it
-	done     chan struct{}  // closed by Close once no operation can start: stops the goroutines below
-	routines sync.WaitGroup // dispatcher, housekeeping, recovery
-	ops      sync.WaitGroup // goroutines of pending operations
+	inbox chan *nats.Msg // every subscription delivers here, in arrival order (see dispatch.go)
+	wake  chan struct{}  // asks housekeeping to look at slow-consumer drops now
+	kick  chan struct{}  // asks the dispatcher to deliver handoffs queued outside it, or to route
+
+	// routing is held while a message is taken from the inbox and routed, and while handoffs
+	// are delivered: one goroutine at a time, in order (dispatch.go).
+	routing          sync.Mutex
+	dispatcherRoutes atomic.Bool    // set under routing: the dispatcher routes the inbox until it is empty
+	held             *nats.Msg      // guarded by routing: handed over unrouted, before the inbox's
+	done             chan struct{}  // closed by Close once no operation can start: stops the goroutines below
+	routines         sync.WaitGroup // dispatcher, housekeeping, recovery
+	ops              sync.WaitGroup // goroutines of pending operations
 
 	connected  atomic.Bool  // the connection is up (kept by nats.go's handlers; reading nc would lock it)
 	maxPayload atomic.Int64 // the server's max_payload, read when a connection is made
@@ -113,10 +119,10 @@ type Layer struct {
 	subs        map[subKey]*subscription
 	subsChanged chan struct{} // closed and replaced whenever a subscription is made or fails
 	handoffs    handoffs
-	// fanOutScratch holds the members of a large group while the dispatcher delivers one
-	// message to them (fanOut); only the dispatcher uses it.
+	// fanOutScratch holds the members of a large group while one message is delivered to them
+	// (fanOut); guarded by routing.
 	fanOutScratch []*mailbox
-	betweenChunks func() // tests: runs while fanOut has let go of the lock
+	betweenChunks func() // tests: runs while fanOut has let go of the layer lock
 }
 
 // counters are the Stats counters that are updated without the layer lock. A counter whose event
@@ -137,7 +143,7 @@ type Stats struct {
 	Dropped   struct {
 		Capacity     uint64 `json:"capacity"`      // a full mailbox refused them (S2)
 		Expired      uint64 `json:"expired"`       // they waited longer than Expiry (S4)
-		SlowConsumer uint64 `json:"slow_consumer"` // the connection dropped them before the dispatcher (S3)
+		SlowConsumer uint64 `json:"slow_consumer"` // the connection dropped them before they were routed (S3)
 		BadFrame     uint64 `json:"bad_frame"`     // not a Channels message (S8)
 		NoMailbox    uint64 `json:"no_mailbox"`    // no mailbox here for their process channel
 	} `json:"dropped"`
@@ -181,8 +187,8 @@ func (t *Tally) add(o Tally) { t.Messages, t.Bytes = t.Messages+o.Messages, t.By
 
 func (t Tally) minus(o Tally) Tally { return Tally{t.Messages - o.Messages, t.Bytes - o.Bytes} }
 
-// Connect opens a Layer: it connects to NATS, retrying within ConnectDeadline, and starts the
-// dispatcher. ctx bounds the connect too.
+// Connect opens a Layer: it connects to NATS, retrying within ConnectDeadline, and starts its
+// goroutines. ctx bounds the connect too.
 func Connect(ctx context.Context, cfg Config) (*Layer, error) {
 	cfg, err := cfg.WithDefaults()
 	if err != nil {
@@ -209,6 +215,7 @@ func Connect(ctx context.Context, cfg Config) (*Layer, error) {
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	l.link = newLink(l)
 	l.dialer.dialing = l.link.dialing
+	l.dialer.reading = l.routeArrived
 	nc, err := l.connectFirst(ctx)
 	if err != nil {
 		l.stop()

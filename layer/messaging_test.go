@@ -1860,3 +1860,38 @@ func TestMessagingStartReceiveWith(t *testing.T) {
 		t.Fatalf("on a closed layer: %v, newDeliver called %d time(s); want ErrClosed and no call", err, made)
 	}
 }
+
+// S10 across the hand-over of routing: a connection's reader routes what it reads, and hands
+// the rest to the dispatcher when the layer lock is held by another goroutine (it never waits
+// for it) or when routing takes long; the dispatcher hands routing back once it has caught up.
+// Messages that arrive before, during and after a hand-over reach their mailbox in the order
+// they were sent, and none is lost or doubled.
+func TestMessagingRoutingHandOverKeepsOrder(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	c := connect(t, testConfig(nil, s.url()))
+	ch := msgNewChannel(t, a)
+	const each = 40
+	send := func(from int) {
+		for n := from; n < from+each; n++ {
+			msgSend(t, c, ch, map[string]any{"type": "order", "n": n})
+		}
+	}
+	send(0) // routed by the reader
+	waitFor(t, 5*time.Second, "the first messages", func() bool { return msgQueued(a, ch) == each })
+
+	a.mu.Lock() // the reader cannot route: it hands over to the dispatcher, which waits here
+	send(each)
+	waitFor(t, 5*time.Second, "the reader to hand routing over", a.dispatcherRoutes.Load)
+	a.mu.Unlock()
+	waitFor(t, 5*time.Second, "the dispatcher to hand routing back", func() bool {
+		return !a.dispatcherRoutes.Load() && msgQueued(a, ch) == 2*each
+	})
+	send(2 * each) // routed by the reader again
+	for n := range 3 * each {
+		if got := msgN(t, msgRecv(t, a, ch)); got != int64(n) {
+			t.Fatalf("message %d arrived as number %d", got, n)
+		}
+	}
+	msgNothing(t, a, ch)
+}

@@ -254,8 +254,8 @@ func (l *Layer) giveBack(msg Message) {
 		l.countNoMailbox(l.subj.channel(name), name)
 	default:
 		if w := mb.takeWaiter(); w != nil {
-			// Delivered by the dispatch goroutine, in order with everything else (callbacks
-			// never run on the caller's goroutine).
+			// Delivered by the dispatcher, in order with everything else (callbacks never run
+			// on the caller's goroutine).
 			l.handOver(w, Message{Body: msg.Body, Channel: name, mb: mb, at: at}, now)
 			handedOver = true
 		} else {
@@ -264,10 +264,7 @@ func (l *Layer) giveBack(msg Message) {
 	}
 	l.mu.Unlock()
 	if handedOver {
-		select {
-		case l.kick <- struct{}{}:
-		default: // a kick is pending: the dispatcher will see this one too
-		}
+		l.kickDispatcher()
 	}
 }
 

@@ -50,6 +50,7 @@ type dialer struct {
 	timeout      time.Duration          // of a dial
 	writeTimeout time.Duration          // a write that takes nothing for this long fails: the link is dead
 	dialing      func()                 // called as nats.go starts a dial, while it holds its connection lock
+	reading      func()                 // called before each read of a socket: the layer routes what the last one brought
 	latest       atomic.Pointer[socket] // the socket of the last dial
 	mu           sync.Mutex
 	open         map[*socket]struct{}
@@ -146,6 +147,15 @@ type socket struct {
 
 	closing  sync.Once
 	closeErr error
+}
+
+// Read reads from the socket, once the layer has routed what the read before it brought (see
+// dispatch.go): nats.go's reader parses all that one read returns before it reads again.
+func (s *socket) Read(p []byte) (int, error) {
+	if s.d.reading != nil {
+		s.d.reading()
+	}
+	return s.Conn.Read(p)
 }
 
 // Write takes p (nats.go's writes are whole protocol operations); see the top of this file.
