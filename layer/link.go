@@ -155,19 +155,20 @@ func (k *link) publish(m *nats.Msg, size int, pooled *[]byte, done func(error)) 
 	return w.op, nil
 }
 
-// tryInline writes m (size bytes on the wire) to the socket of the established connection on
-// the caller's thread (socket.writePublish), when that cannot block: the connection is up and
-// quiet (quietGap), nothing is queued, waiting or in the writer's hands (the order of
-// publishes), and what the server has not confirmed stays under inlineLimit, m included. m.Data
-// is not kept. It reports whether m was taken: false leaves m to publish.
-func (k *link) tryInline(m *nats.Msg, size int) bool {
-	t := Tally{1, uint64(size)}
+// tryInline writes m (size bytes of payload and headers, wire bytes on the wire) to the socket
+// of the established connection on the caller's thread (socket.writePublish), when that cannot
+// block: the connection is up and quiet (quietGap), nothing is queued, waiting or in the
+// writer's hands (the order of publishes), and what the server has not confirmed stays under
+// inlineLimit, m included. m.Data is not kept. It reports whether m was taken: false leaves m to
+// publish.
+func (k *link) tryInline(m *nats.Msg, size int64, wire int) bool {
+	t := Tally{1, uint64(wire)}
 	now := time.Now()
 	k.mu.Lock()
 	unconfirmed := k.handed.minus(k.confirmed)
 	if k.refusing || k.stopping || !k.up || k.writing || len(k.queue) > 0 || len(k.waiting) > 0 ||
 		unconfirmed.Bytes+k.inline.Bytes+t.Bytes > inlineLimit || now.Sub(k.lastHanded) < quietGap ||
-		!k.wire.takes(m, int64(size-len(m.Subject))) { // size less the subject: what max_payload bounds
+		!k.wire.takes(m, size) {
 		k.mu.Unlock()
 		return false
 	}

@@ -43,7 +43,7 @@ func (l *Layer) startPublish(m *nats.Msg, done func(error)) (*Op, error) {
 		return nil, &MessageTooLargeError{Size: size, MaxPayload: limit}
 	}
 	wire := int(size) + len(m.Subject)
-	if l.link.tryInline(m, wire) { // written or copied to the socket: no copy of ours is needed
+	if l.link.tryInline(m, size, wire) { // written or copied to the socket: no copy of ours is needed
 		return nil, nil
 	}
 	data, pooled := copyBody(m.Data)
