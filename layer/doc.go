@@ -31,4 +31,9 @@
 //
 // All methods are safe for concurrent use. No method blocks on network I/O beyond its context,
 // except Close, which is bounded by the drain timeout.
+//
+// The connection is read by a goroutine of the layer, unless the host reads it on its own event
+// loop: it watches ReadEvents and calls OnReadable when that is readable, and a message then
+// reaches its waiting receive on the loop's thread. A host that stops calling is taken over
+// after hostReadCheck (see reading.go).
 package layer

@@ -275,7 +275,7 @@ func TestEdgeExpiryCountsTimeInTheMailbox(t *testing.T) {
 	b := connect(t, testConfig(nil, s.url()))
 	pc := msgNewChannel(t, a)
 	nc := rsConn(a)
-	before := nc.Stats().InMsgs
+	before := lcArrived(a, nc)
 
 	a.mu.Lock()
 	locked := true
@@ -292,7 +292,7 @@ func TestEdgeExpiryCountsTimeInTheMailbox(t *testing.T) {
 	rsRoundTrip(t, b)
 	// Both reached A: the dispatcher took the first and waits for the lock; the second is queued.
 	waitFor(t, 5*time.Second, "both messages at the stalled dispatcher", func() bool {
-		return nc.Stats().InMsgs >= before+2 && len(a.inbox) == 1
+		return lcArrived(a, nc) >= before+2 && len(a.inbox) == 1
 	})
 	time.Sleep(time.Until(stalled.Add(stall)))
 	unlock()

@@ -28,6 +28,10 @@ var (
 	ErrForeignChannel = errors.New("channels_nats: process channel of another client")
 	// ErrPublishTimeout is matched (errors.Is) by a *PublishTimeoutError.
 	ErrPublishTimeout = errors.New("channels_nats: publish timed out")
+	// ErrNoReadEvents is returned by ReadEvents where the host cannot read the connection: not
+	// on Linux, or over TLS or websockets. The layer reads it itself there.
+	ErrNoReadEvents = errors.New("channels_nats: the host cannot read this connection " +
+		"(read events need Linux and a connection without TLS or websockets); the library reads it itself")
 )
 
 // MessageTooLargeError reports a message whose body and headers exceed the server's max_payload
@@ -129,6 +133,7 @@ type Layer struct {
 // is also logged is raised after the warning is written, so that whoever sees the count can read
 // the warning too.
 type counters struct {
+	framed                                atomic.Uint64 // messages framed from the layer's sockets (inbound.go)
 	delivered                             atomic.Uint64
 	capacity, expired, slowConsumer       atomic.Uint64
 	badFrame, noMailbox, handedBack       atomic.Uint64
@@ -164,6 +169,12 @@ type Stats struct {
 	Groups        int        `json:"groups"`
 	Connected     bool       `json:"connected"`
 	Server        ServerInfo `json:"server"` // the server of the last connection made
+	// HostReads: the host's OnReadable calls that read the connection, and the times the layer
+	// read it because the host had not for hostReadCheck (ReadEvents).
+	HostReads struct {
+		Reads     uint64 `json:"reads"`
+		Takeovers uint64 `json:"takeovers"`
+	} `json:"host_reads"`
 }
 
 // ServerInfo describes the server a layer is (or was last) connected to, as that server announced
@@ -216,6 +227,8 @@ func Connect(ctx context.Context, cfg Config) (*Layer, error) {
 	l.link = newLink(l)
 	l.dialer.dialing = l.link.dialing
 	l.dialer.reading = l.routeArrived
+	l.dialer.arrive = l.arrive
+	l.dialer.frames = framingSupported && !cfg.Connection.usesTLS() && plainServers(cfg.Servers)
 	nc, err := l.connectFirst(ctx)
 	if err != nil {
 		l.stop()
@@ -287,7 +300,49 @@ func (l *Layer) Close() error {
 		}
 	}
 	l.link.drain(l.cfg.Connection.DrainTimeout)
+	l.dialer.events.close()
 	return nil
+}
+
+// ReadEvents returns a descriptor that is readable while the layer's connection has bytes to
+// read, the same across reconnects (an epoll descriptor, on Linux), and makes the host the
+// reader of the connection: it watches the descriptor in its event loop and calls OnReadable
+// whenever it is readable, and the connection is read, and its messages routed, on its thread
+// (reading.go). A host that does not (or no longer does) is taken over: the layer reads again
+// when bytes wait hostReadCheck without a call, until the next one. The layer owns the
+// descriptor and closes it in Close; a host that may watch it longer watches a duplicate.
+// ErrNoReadEvents: the layer reads the connection itself.
+func (l *Layer) ReadEvents() (int, error) {
+	if !l.dialer.frames {
+		return -1, ErrNoReadEvents
+	}
+	fd, err := l.dialer.events.descriptor(l.dialer.latest.Load())
+	if err == nil {
+		l.dialer.host.attached.Store(true)
+	}
+	return fd, err
+}
+
+// OnReadable reads what the connection has, within a bound (what is left keeps ReadEvents
+// readable), and routes its messages: their receives are delivered before it returns, unless
+// another thread routes meanwhile. It never waits for the network.
+func (l *Layer) OnReadable() {
+	h := &l.dialer.host
+	h.called()
+	if s := l.dialer.latest.Load(); s != nil && s.onReadable() {
+		h.reads.Add(1)
+	}
+}
+
+// arrive takes a message framed from a socket (inbound.go) into the inbox, as nats.go's
+// subscriptions do, or drops and counts it when the inbox is full (S3).
+func (l *Layer) arrive(m *nats.Msg) {
+	l.counters.framed.Add(1)
+	select {
+	case l.inbox <- m:
+	default:
+		l.countSlowConsumer(m.Subject, 1)
+	}
 }
 
 // Flush resets this client's state (S15): mailboxes, memberships and subscriptions. Receives
@@ -336,6 +391,7 @@ func (l *Layer) Stats() Stats {
 	s.Dropped.NoMailbox, s.HandedBack = c.noMailbox.Load(), c.handedBack.Load()
 	s.Reconnects, s.Recoveries, s.GroupsExpired = c.reconnects.Load(), c.recoveries.Load(), c.groupsExpired.Load()
 	l.link.stats(&s)
+	s.HostReads.Reads, s.HostReads.Takeovers = l.dialer.host.reads.Load(), l.dialer.host.takeovers.Load()
 	l.mu.Lock()
 	s.Subscriptions, s.Mailboxes, s.Groups = len(l.subs), len(l.mailboxes), len(l.groups)
 	s.Connected = !l.closed && l.connected.Load()

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,6 +52,10 @@ type dialer struct {
 	writeTimeout time.Duration          // a write that takes nothing for this long fails: the link is dead
 	dialing      func()                 // called as nats.go starts a dial, while it holds its connection lock
 	reading      func()                 // called before each read of a socket: the layer routes what the last one brought
+	arrive       func(*nats.Msg)        // takes a message framed from a socket's stream (inbound.go)
+	frames       bool                   // the layer may frame what its sockets read: no TLS is configured
+	host         hostReads              // whether the host reads the established socket (reading.go)
+	events       readEvents             // what the host watches to know when to
 	latest       atomic.Pointer[socket] // the socket of the last dial
 	mu           sync.Mutex
 	open         map[*socket]struct{}
@@ -69,7 +74,12 @@ func (d *dialer) Dial(network, address string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &socket{Conn: c, d: d, kick: make(chan struct{}, 1), closed: make(chan struct{})}
+	s := &socket{Conn: c, d: d, kick: make(chan struct{}, 1), closed: make(chan struct{}), forwarded: make(chan struct{}, 1)}
+	if sc, ok := c.(syscall.Conn); ok && d.frames {
+		if raw, err := sc.SyscallConn(); err == nil {
+			s.raw = raw
+		}
+	}
 	d.mu.Lock()
 	d.open[s] = struct{}{}
 	d.mu.Unlock()
@@ -118,6 +128,7 @@ func (d *dialer) established(nc *nats.Conn) wire {
 	if d.latest.Load() != s {
 		return wire{}
 	}
+	s.establish()
 	return w
 }
 
@@ -147,21 +158,31 @@ type socket struct {
 
 	closing  sync.Once
 	closeErr error
-}
 
-// Read reads from the socket, once the layer has routed what the read before it brought (see
-// dispatch.go): nats.go's reader parses all that one read returns before it reads again.
-func (s *socket) Read(p []byte) (int, error) {
-	if s.d.reading != nil {
-		s.d.reading()
-	}
-	return s.Conn.Read(p)
+	// The read side (reading.go): set when the layer frames what this socket reads.
+	raw         syscall.RawConn
+	readMu      sync.Mutex
+	in          inbound       // guarded by readMu
+	forwarded   chan struct{} // in has operations or an error for nats.go's reader
+	established atomic.Bool   // nats.go's connection on this socket is up: the host may read it
+	waiting     atomic.Bool   // nats.go's reader waits for the descriptor (RawConn.Read)
+	woken       atomic.Bool   // that wait was cut short by wakeReader
+	deadlineMu  sync.Mutex
+	deadline    time.Time // nats.go's read deadline
+
+	subsMu sync.RWMutex
+	out    outbound // guarded by subsMu
 }
 
 // Write takes p (nats.go's writes are whole protocol operations); see the top of this file.
 func (s *socket) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if s.raw != nil {
+		s.subsMu.Lock()
+		s.out.scan(p)
+		s.subsMu.Unlock()
 	}
 	s.mu.Lock()
 	if s.err != nil {
@@ -290,7 +311,16 @@ func (s *socket) failed(err error) {
 
 // SetDeadline sets only the read deadline: the socket bounds its writes itself, and nats.go's
 // writes to it never wait.
-func (s *socket) SetDeadline(t time.Time) error { return s.Conn.SetReadDeadline(t) }
+func (s *socket) SetDeadline(t time.Time) error { return s.SetReadDeadline(t) }
+
+// SetReadDeadline sets nats.go's read deadline, which the socket keeps to restore it after it
+// cut a wait of nats.go's reader short (wakeReader).
+func (s *socket) SetReadDeadline(t time.Time) error {
+	s.deadlineMu.Lock()
+	defer s.deadlineMu.Unlock()
+	s.deadline = t
+	return s.Conn.SetReadDeadline(t)
+}
 
 // SetWriteDeadline does nothing, for the same reason.
 func (s *socket) SetWriteDeadline(time.Time) error { return nil }
@@ -324,6 +354,7 @@ func (s *socket) Close() error {
 		}
 		s.mu.Unlock()
 		close(s.closed)
+		s.stopReadEvents()
 		s.closeErr = s.Conn.Close()
 	})
 	return s.closeErr
