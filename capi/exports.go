@@ -10,6 +10,7 @@ import "C"
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"runtime"
 	"unsafe"
 
@@ -317,6 +318,47 @@ func cngo_flush(h C.cn_client) (st C.cn_status) {
 		return fail(err)
 	}
 	return result(l.Flush())
+}
+
+//export cngo_read_events
+func cngo_read_events(h C.cn_client, fd *C.intptr_t) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if fd == nil {
+		return fail(argError("fd must not be NULL"))
+	}
+	*fd = -1
+	_, l, err := usable(h)
+	if err != nil {
+		return fail(err)
+	}
+	n, err := l.ReadEvents()
+	if errors.Is(err, layer.ErrNoReadEvents) {
+		return C.CN_OK // the library reads the connection itself
+	}
+	if err != nil {
+		return fail(err)
+	}
+	*fd = C.intptr_t(n)
+	return C.CN_OK
+}
+
+//export cngo_on_readable
+func cngo_on_readable(h C.cn_client, qh C.cn_queue) (st C.cn_status) {
+	defer recoverStatus(&st)
+	c, l, err := usable(h)
+	if err != nil {
+		return fail(err)
+	}
+	if qh != 0 {
+		q, err := lookupQueue(qh)
+		if err != nil {
+			return fail(err)
+		}
+		c.reading(q)
+		defer c.reading(nil)
+	}
+	l.OnReadable()
+	return C.CN_OK
 }
 
 //export cngo_cancel

@@ -89,11 +89,13 @@ func (c *client) logRecord(level layer.Level, message string) {
 
 // burst holds back the signals of result queues while the dispatcher delivers the results of one
 // arrived message (layer.Config.Deliveries): a group message that finishes many receives wakes
-// each host loop once, after the last of them.
+// each host loop once, after the last of them. During cn_on_readable the host's own queue is not
+// signalled at all: the host takes its results right after the call, on the same thread.
 type burst struct {
 	mu      sync.Mutex
 	active  bool
 	waiting []*resultQueue
+	reader  *resultQueue // the queue of the host in cn_on_readable
 }
 
 // deliveries is the client's layer.Config.Deliveries.
@@ -106,11 +108,13 @@ func (c *client) deliveries(begin bool) {
 		return
 	}
 	b.active = false
-	waiting := b.waiting
+	waiting, reader := b.waiting, b.reader
 	b.waiting = nil
 	b.mu.Unlock()
 	for _, q := range waiting {
-		q.signal()
+		if q != reader {
+			q.signal()
+		}
 	}
 }
 
@@ -118,6 +122,10 @@ func (c *client) deliveries(begin bool) {
 func (c *client) signal(q *resultQueue) {
 	b := &c.burst
 	b.mu.Lock()
+	if q == b.reader {
+		b.mu.Unlock()
+		return
+	}
 	if b.active {
 		b.waiting = append(b.waiting, q)
 		b.mu.Unlock()
@@ -125,6 +133,13 @@ func (c *client) signal(q *resultQueue) {
 	}
 	b.mu.Unlock()
 	q.signal()
+}
+
+// reading sets (or, with nil, clears) the queue of the host that reads the connection now.
+func (c *client) reading(q *resultQueue) {
+	c.burst.mu.Lock()
+	c.burst.reader = q
+	c.burst.mu.Unlock()
 }
 
 // op is a pending operation of a client: its result goes to queue q, unless it is withdrawn.

@@ -168,3 +168,13 @@ cn_status cn_flush(cn_client client) {
     CN_ENTER();
     return cngo_flush(client);
 }
+
+cn_status cn_read_events(cn_client client, intptr_t *fd) {
+    CN_ENTER();
+    return cngo_read_events(client, fd);
+}
+
+cn_status cn_on_readable(cn_client client, cn_queue queue) {
+    CN_ENTER();
+    return cngo_on_readable(client, queue);
+}

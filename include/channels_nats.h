@@ -256,7 +256,9 @@ CN_EXTERN cn_status cn_close(cn_client client, cn_queue queue, void *closure);
  * publishes that never reached the server), publish_timeouts, outbound (bytes queued, sends
  * waiting), handed_back, reconnects, recoveries, groups_expired, subscriptions, mailboxes,
  * groups, connected, client_id, server (url, name, version, cluster, max_payload and peers, as
- * the server of the last connection announced itself), and goroutines (the library's, for all
+ * the server of the last connection announced itself), host_reads (reads: cn_on_readable() calls
+ * that read the connection; takeovers: times the library read it because the host had not; see
+ * cn_read_events()), and goroutines (the library's, for all
  * clients: a leak check).
  *   json  required; receives the document (free it with cn_free()).
  * Returns CN_OK, CN_INVALID_ARG, CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE (connecting, or
@@ -364,6 +366,43 @@ CN_EXTERN cn_status cn_group_discard(cn_client client, const char *group, const 
    keep waiting. Never waits on the network and never fails on a dead connection. Returns CN_OK,
    CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL. */
 CN_EXTERN cn_status cn_flush(cn_client client);
+
+/* ---- Reading the connection on the host's event loop ------------------------------------ */
+
+/*
+ * A descriptor the host's event loop can watch so that the client's connection is read on the
+ * loop's thread: then a message that arrives reaches its waiting receive, and its result the
+ * queue, within the host's cn_on_readable() call, with no library thread to wake in between.
+ * Without this, a library thread reads the connection and signals the queue's notify.
+ *   fd  required; receives the descriptor, or -1 where the host cannot read the connection (not
+ *       on Linux, or over TLS or a websocket: the library reads it itself there). It is
+ *       readable (level-triggered: as long as bytes wait) whenever the connection has bytes to
+ *       read; it is the same across reconnects, so the host registers it once. It is an epoll
+ *       descriptor: watch it, do not read from it or change it. The library closes it in
+ *       cn_close(): a host that may still watch it afterwards (its loop cannot unregister at
+ *       once) watches a dup() of it, which it closes itself.
+ * From this call on the host reads the connection: it calls cn_on_readable() whenever the
+ * descriptor is readable. A host that does not (its loop is blocked or gone) stops nothing: when
+ * bytes wait 10 ms with no call, the library reads the connection itself again, until the next
+ * call (statistics host_reads.takeovers).
+ * Any thread. Returns CN_OK, CN_INVALID_ARG, CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE,
+ * CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_read_events(cn_client client, intptr_t *fd);
+
+/*
+ * Reads what the client's connection has, without waiting (at most a few reads: what is left
+ * keeps the descriptor of cn_read_events() readable, so the loop runs its other work between),
+ * and routes the messages: their receives' results are in their queues when it returns, unless
+ * another thread was routing. The host calls it, on its loop's thread, whenever that descriptor
+ * is readable (see cn_read_events()).
+ *   queue  0, or the host's own result queue, which it takes from right after this call, on the
+ *          same thread: results that reach it during the call are not signalled on its notify
+ *          (no byte to read, no extra turn of the loop). Others' queues are signalled as usual.
+ * Any thread. Returns CN_OK, CN_INVALID_HANDLE (client, or a queue that is not 0), CN_CLOSED,
+ * CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL.
+ */
+CN_EXTERN cn_status cn_on_readable(cn_client client, cn_queue queue);
 
 #ifdef __cplusplus
 }

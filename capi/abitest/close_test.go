@@ -62,6 +62,8 @@ func checkAll(t *testing.T, what string, h uint64, want int32, except ...string)
 		{"cn_group_add", func() int32 { return cnGroupAdd(h, cs("grp"), cs("plain"), q.h, 0, &op) }},
 		{"cn_group_discard", func() int32 { return cnGroupDiscard(h, cs("grp"), cs("plain")) }},
 		{"cn_flush", func() int32 { return cnFlush(h) }},
+		{"cn_read_events", func() int32 { var fd int64; return cnReadEvents(h, &fd) }},
+		{"cn_on_readable", func() int32 { return cnOnReadable(h, q.h) }},
 		{"cn_cancel", func() int32 { return cnCancel(h, 1) }},
 	}
 	var wrong []string

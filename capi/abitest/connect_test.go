@@ -259,6 +259,8 @@ func TestConnectStillConnecting(t *testing.T) {
 	}{
 		{"cn_stats", func() int32 { return cnStats(h, &out) }},
 		{"cn_flush", func() int32 { return cnFlush(h) }},
+		{"cn_read_events", func() int32 { var fd int64; return cnReadEvents(h, &fd) }},
+		{"cn_on_readable", func() int32 { return cnOnReadable(h, q.h) }},
 		{"cn_send", func() int32 { return cnSend(h, cs("chan"), b, bn, q.h, 0, &op) }},
 		{"cn_group_send", func() int32 { return cnGroupSend(h, cs("grp"), b, bn, q.h, 0, &op) }},
 		{"cn_receive", func() int32 { return cnReceive(h, cs("chan"), q.h, 0, &out, &n, &op) }},

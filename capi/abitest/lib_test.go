@@ -80,6 +80,8 @@ var (
 	cnGroupAdd     func(h uint64, group, channel *byte, queue uint64, closure uintptr, op *uint64) int32
 	cnGroupDiscard func(h uint64, group, channel *byte) int32
 	cnFlush        func(h uint64) int32
+	cnReadEvents   func(h uint64, fd *int64) int32
+	cnOnReadable   func(h, q uint64) int32
 )
 
 // cResult mirrors struct cn_result of include/channels_nats.h on 64-bit platforms: op, closure,
@@ -172,6 +174,8 @@ func load() error {
 	bind(&cnGroupAdd, "cn_group_add")
 	bind(&cnGroupDiscard, "cn_group_discard")
 	bind(&cnFlush, "cn_flush")
+	bind(&cnReadEvents, "cn_read_events")
+	bind(&cnOnReadable, "cn_on_readable")
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,7 @@
 
 static int g_passed, g_failed;
 
-#define CHILD_CHECKS 14 /* the CHILD_CALL lines of child() */
+#define CHILD_CHECKS 16 /* the CHILD_CALL lines of child() */
 #define SENTINEL 77     /* what the child's out-parameters hold before the calls, and after */
 
 static void report(const char *name, int ok, const char *detail) {
@@ -83,6 +83,7 @@ static void child(cn_queue q, intptr_t notify, cn_client c, const char *channel,
     cn_client c2 = SENTINEL;
     cn_queue q2 = SENTINEL;
     cn_op op = SENTINEL;
+    intptr_t fd = SENTINEL;
     cn_result res[2];
     char cfg[300];
     alarm(5); /* the default action of SIGALRM ends the child if a call hangs */
@@ -100,10 +101,12 @@ static void child(cn_queue q, intptr_t notify, cn_client c, const char *channel,
     CHILD_CALL("child_group_add", cn_group_add(c, "g", channel, q, NULL, &op));
     CHILD_CALL("child_group_discard", cn_group_discard(c, "g", channel));
     CHILD_CALL("child_flush", cn_flush(c));
+    CHILD_CALL("child_read_events", cn_read_events(c, &fd));
+    CHILD_CALL("child_on_readable", cn_on_readable(c, q));
     CHILD_CALL("child_close", cn_close(c, q, NULL));
     CHILD_CALL("child_queue_free", cn_queue_free(q));
     if (name != NULL || json != NULL || data != NULL || len != SENTINEL || count != SENTINEL ||
-        c2 != SENTINEL || q2 != SENTINEL || op != SENTINEL || res[0].op != 0) {
+        c2 != SENTINEL || q2 != SENTINEL || op != SENTINEL || fd != SENTINEL || res[0].op != 0) {
         report("child_out_params", 0, "an out-parameter was set in the child");
     }
     fflush(stdout);
