@@ -74,6 +74,7 @@ class LoopQueue:
         # the compiled module's one-call receive, else the same through cffi.
         self.receive: Callable[[int, bytes, int], Any] = _native.compiled_receive() or self._receive_through_cffi
         self._cn_receive = lib.cn_receive
+        self._on_readable_call = lib.cn_on_readable
         self._null = ffi.NULL
         self._buffer = ffi.buffer
         self.waiting: dict[int, Waiting] = {}
@@ -89,6 +90,8 @@ class LoopQueue:
         self._results_buffer = ffi.buffer(self._results)
         self._watcher: threading.Thread | None = None
         self._freed = False
+        self._reading: dict[int, int] = {}  # client -> the duplicate of its read events this loop watches
+        self._settled_this_turn = False  # a take settled operations, and the tasks it woke have not run yet
         try:
             loop.add_reader(self._reader.fileno(), self.take)
         except NotImplementedError:  # a proactor loop: a thread watches for it
@@ -113,6 +116,53 @@ class LoopQueue:
             except (OSError, ValueError, RuntimeError):  # the pair or the loop was closed
                 return
             taken.wait(1.0)
+
+    def read_connection(self, client: int) -> bool:
+        """Makes this loop read the client's connection (cn_read_events, cn_on_readable), where
+        the library offers that and the loop has add_reader; reports whether it does. It watches a
+        duplicate of the descriptor, which it closes itself: the library closes its own when the
+        client closes, which may be before this loop's thread has unregistered it."""
+        if self._watcher is not None or client in self._reading:
+            return client in self._reading
+        ffi, lib = _native.load()
+        fd = ffi.new("intptr_t *")
+        if lib.cn_read_events(client, fd) != _native.OK or fd[0] < 0:
+            return False
+        mine = os.dup(fd[0])
+        try:
+            self.loop.add_reader(mine, self._on_readable, client)
+        except (NotImplementedError, RuntimeError, ValueError, OSError):
+            os.close(mine)
+            return False
+        self._reading[client] = mine
+        return True
+
+    def _on_readable(self, client: int) -> None:
+        """The client's connection has bytes: read them here, then settle what they delivered
+        (unsignalled: the library writes no byte for this queue during the call)."""
+        self._on_readable_call(client, self.handle)  # a closed client returns CN_CLOSED: stop_reading follows
+        self._take_results()
+
+    def stop_reading(self, client: int) -> None:
+        """Stops reading the client's connection on this loop (the client closes). From another
+        thread, it is done on the loop's own."""
+        if self._freed or client not in self._reading:
+            return
+        try:
+            running = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            running = False
+        if not running:
+            try:
+                self.loop.call_soon_threadsafe(self.stop_reading, client)
+            except RuntimeError:  # the loop closed: free() closes the descriptor
+                pass
+            return
+        mine = self._reading.pop(client)
+        try:
+            self.loop.remove_reader(mine)
+        finally:
+            os.close(mine)
 
     def _receive_through_cffi(self, client: int, channel: bytes, queue: int) -> Any:
         """cn_receive with no closure, returning what channels_nats._fastpath.receive does: the
@@ -146,13 +196,28 @@ class LoopQueue:
                 pass
         except (BlockingIOError, InterruptedError):
             pass
+        self._take_results()
+
+    def _take_results(self) -> None:
+        """take, without reading the signal bytes first. After a take that settled anything, the
+        next one waits for the loop's next turn, behind the tasks this one woke: both the signal
+        and the read events (_on_readable) can ask for a take in one turn."""
+        if self._settled_this_turn:
+            self.loop.call_soon(self.take)
+            return
         ffi, lib = _native.load()
         _native.check(lib.cn_queue_take(self.handle, self._results, TAKE_BATCH, self._count))
         n = self._count[0]
         if n:
             self._settle(ffi, lib, RESULT.iter_unpack(self._results_buffer[: n * RESULT.size]))
+            self._settled_this_turn = True
+            self.loop.call_soon(self._next_turn)
         if n == TAKE_BATCH:
             self.loop.call_soon(self.take)
+
+    def _next_turn(self) -> None:
+        """Runs after the tasks the last take woke (they were scheduled before it)."""
+        self._settled_this_turn = False
 
     def _settle(self, ffi: Any, lib: Any, records: Any) -> None:
         waiting, unpackb = self.waiting, msgpack.unpackb
@@ -192,10 +257,14 @@ class LoopQueue:
             return
         self._freed = True
         if self._watcher is None:
-            try:
-                self.loop.remove_reader(self._reader.fileno())
-            except (RuntimeError, ValueError, OSError):
-                pass
+            for fd in [self._reader.fileno(), *self._reading.values()]:
+                try:
+                    self.loop.remove_reader(fd)
+                except (RuntimeError, ValueError, OSError):
+                    pass
+        for fd in self._reading.values():
+            os.close(fd)
+        self._reading.clear()
         if not _native.forked():
             _, lib = _native.load()
             lib.cn_queue_free(self.handle)

@@ -216,6 +216,7 @@ class NatsChannelLayer(BaseChannelLayer):
         self._lock = threading.Lock()
         self._client = 0
         self._connecting: _Connecting | None = None
+        self._reader: _results.LoopQueue | None = None  # the loop that reads the connection, if one does
         self._channel_names = _CheckedNames()
         self._group_names = _CheckedNames()
         _open_layers.add(self)
@@ -270,11 +271,13 @@ class NatsChannelLayer(BaseChannelLayer):
         return await attempt.wait()
 
     def _connected(self, attempt: _Connecting, ok: bool) -> None:
+        """On the thread of the loop that connected, which from now on reads the connection."""
         with self._lock:
             if self._connecting is attempt:
                 self._connecting = None
                 if ok:
                     self._client = attempt.client
+                    self._reader = attempt.queue if attempt.queue.read_connection(attempt.client) else None
 
     # ---- channels ---------------------------------------------------------------------------
 
@@ -390,12 +393,15 @@ class NatsChannelLayer(BaseChannelLayer):
         with self._lock:
             client, self._client = self._client, 0
             attempt, self._connecting = self._connecting, None
+            reader, self._reader = self._reader, None
         if attempt is not None:
             client = attempt.client  # abandon the connect in progress
         if not client or _native.forked():
             return  # a forked child cannot reach its parent's client: there is nothing to close
         ffi, lib = _native.load()
         queue = _results.for_running_loop()
+        if reader is not None:
+            reader.stop_reading(client)
         if lib.cn_close(client, queue.handle, ffi.cast("void *", _results.CLOSE)) != _native.PENDING:
             return  # closed already
         closed: asyncio.Future[None] = queue.loop.create_future()
@@ -423,6 +429,7 @@ class _Connecting:
     def __init__(self, layer: NatsChannelLayer, client: int, queue: _results.LoopQueue) -> None:
         self.layer = layer
         self.client = client
+        self.queue = queue
         self.result: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.result.add_done_callback(self._done)
         queue.waiting[client] = (self.result, client, False)
