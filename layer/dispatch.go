@@ -66,7 +66,15 @@ func (l *Layer) dispatch() {
 // routeArrived routes the inbox on the calling goroutine (nats.go's reader, before each read of
 // the socket) unless the dispatcher routes it now. When another goroutine holds the routing or
 // the layer lock, or past routeBudget, it leaves the rest to the dispatcher and wakes it.
-func (l *Layer) routeArrived() {
+func (l *Layer) routeArrived() { l.routeArrivedBy(false) }
+
+// routeArrivedOnHost is routeArrived on the host's thread (OnReadable). There a group message
+// with more members here than one chunk is delivered to its first chunk only: the dispatcher
+// delivers it to the others, on another thread, while the host returns to run the consumers
+// the first chunk woke.
+func (l *Layer) routeArrivedOnHost() { l.routeArrivedBy(true) }
+
+func (l *Layer) routeArrivedBy(host bool) {
 	if len(l.inbox) == 0 {
 		return
 	}
@@ -81,7 +89,13 @@ func (l *Layer) routeArrived() {
 		if !ok {
 			break
 		}
-		routed := l.route(m, false)
+		routed := l.route(m, false, host)
+		if l.fanOutRest != nil { // the dispatcher delivers it to the other members, then routes on
+			l.deliverHandoffs(false)
+			l.dispatcherRoutes.Store(true)
+			l.kickDispatcher()
+			return
+		}
 		if !routed || len(l.inbox) > 0 && time.Since(start) > routeBudget {
 			if !routed {
 				l.held = m // the dispatcher routes it first
@@ -110,10 +124,13 @@ func (l *Layer) handOverInbox() {
 func (l *Layer) routeHandedOver() {
 	for {
 		l.routing.Lock()
+		if l.fanOutRest != nil {
+			l.continueFanOut()
+		}
 		m, more := l.nextArrived()
 		if more {
 			l.dispatcherRoutes.Store(true)
-			l.route(m, true)
+			l.route(m, true, false)
 		} else {
 			l.dispatcherRoutes.Store(false)
 		}
@@ -193,8 +210,10 @@ func (l *Layer) handTo(op *Op, deliver func(Message, error), msg Message) {
 }
 
 // route routes m to its mailboxes and waiting receives, and reports true; false when wait is
-// not set and another goroutine holds the layer lock: then m is not routed yet.
-func (l *Layer) route(m *nats.Msg, wait bool) bool {
+// not set and another goroutine holds the layer lock: then m is not routed yet. firstChunk: a
+// group message to more members than a chunk reaches the first chunk only, and the rest is left
+// in l.fanOutRest.
+func (l *Layer) route(m *nats.Msg, wait, firstChunk bool) bool {
 	if err := ValidateFrame(m.Data); err != nil {
 		l.countBadFrame(m.Subject, err.Error())
 		return true
@@ -253,7 +272,7 @@ func (l *Layer) route(m *nats.Msg, wait bool) bool {
 			}
 			break
 		}
-		if !l.fanOut(name, g, m.Data, now) {
+		if !l.fanOut(&fanOutOf{name: name, g: g, body: m.Data, now: now}, firstChunk) {
 			return true // the layer closed while the lock was let go; l.mu is not held
 		}
 	}
@@ -266,30 +285,66 @@ func (l *Layer) route(m *nats.Msg, wait bool) bool {
 // whole group: 10,000 members take about a millisecond.
 const fanOutChunk = 256
 
-// fanOut enqueues body to every process-channel member of g, the group name names; they share
-// body, and receivers copy (S9). l.mu must be held. Past fanOutChunk members it lets go of the
-// lock between chunks and delivers the handoffs so far (it holds l.routing: nothing else routes or
-// delivers meanwhile, so the order of arrival holds in each mailbox and for each receive)
-// and, when g changed meanwhile, skips those no longer members. It returns with l.mu held,
+// fanOutOf is one group message on its way to the process-channel members of its group.
+type fanOutOf struct {
+	name    string // the group's
+	g       *groupMembers
+	body    []byte
+	now     time.Time
+	next    int    // the first member of l.fanOutScratch still to get it
+	changes uint64 // g.changes when the members were listed
+}
+
+// fanOut enqueues f's body to every process-channel member of its group; they share body, and
+// receivers copy (S9). l.mu must be held. Past fanOutChunk members it lets go of the lock between
+// chunks and delivers the handoffs so far (it holds l.routing: nothing else routes or delivers
+// meanwhile, so the order of arrival holds in each mailbox and for each receive) and, when the
+// group changed meanwhile, skips those no longer members. With firstChunk it stops after the
+// first chunk and leaves the rest in l.fanOutRest (continueFanOut). It returns with l.mu held,
 // unless the layer closed meanwhile (false, l.mu not held).
-func (l *Layer) fanOut(name string, g *groupMembers, body []byte, now time.Time) bool {
-	if len(g.process) <= fanOutChunk {
-		for _, mb := range g.process {
-			l.enqueue(mb, body, now)
+func (l *Layer) fanOut(f *fanOutOf, firstChunk bool) bool {
+	if len(f.g.process) <= fanOutChunk {
+		for _, mb := range f.g.process {
+			l.enqueue(mb, f.body, f.now)
 		}
 		return true
 	}
 	members := l.fanOutScratch[:0]
-	for _, mb := range g.process {
+	for _, mb := range f.g.process {
 		members = append(members, mb)
 	}
+	l.fanOutScratch, f.changes = members, f.g.changes
+	return l.fanOutChunks(f, firstChunk)
+}
+
+// continueFanOut delivers the group message left in l.fanOutRest to the members it has not
+// reached yet. l.routing must be held.
+func (l *Layer) continueFanOut() {
+	f := l.fanOutRest
+	l.fanOutRest = nil
+	l.mu.Lock()
+	if l.fanOutChunks(f, false) {
+		l.mu.Unlock()
+	}
+}
+
+// fanOutChunks is fanOut's delivery to l.fanOutScratch from f.next on, a chunk per hold of the
+// layer lock.
+func (l *Layer) fanOutChunks(f *fanOutOf, firstChunk bool) bool {
+	members := l.fanOutScratch
+	kept := false
 	defer func() {
-		clear(members) // no mailbox stays reachable from here
-		l.fanOutScratch = members[:0]
+		if !kept {
+			clear(members) // no mailbox stays reachable from here
+			l.fanOutScratch = members[:0]
+		}
 	}()
-	changes := g.changes
-	for start := 0; start < len(members); start += fanOutChunk {
+	for start := f.next; start < len(members); start += fanOutChunk {
 		if start > 0 {
+			if firstChunk {
+				f.next, l.fanOutRest, kept = start, f, true
+				return true
+			}
 			// Let go of the lock: a receive waiting for it takes it, and the members served
 			// so far get their message now, not after the whole group.
 			l.mu.Unlock()
@@ -302,15 +357,15 @@ func (l *Layer) fanOut(name string, g *groupMembers, body []byte, now time.Time)
 				l.mu.Unlock()
 				return false
 			}
-			if l.groups[name] != g { // flushed, or its last member left
+			if l.groups[f.name] != f.g { // flushed, or its last member left
 				return true
 			}
 		}
 		for _, mb := range members[start:min(start+fanOutChunk, len(members))] {
-			if g.changes != changes && g.process[mb.name] != mb {
+			if f.g.changes != f.changes && f.g.process[mb.name] != mb {
 				continue
 			}
-			l.enqueue(mb, body, now)
+			l.enqueue(mb, f.body, f.now)
 		}
 	}
 	return true

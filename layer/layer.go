@@ -126,7 +126,8 @@ type Layer struct {
 	// fanOutScratch holds the members of a large group while one message is delivered to them
 	// (fanOut); guarded by routing.
 	fanOutScratch []*mailbox
-	betweenChunks func() // tests: runs while fanOut has let go of the layer lock
+	fanOutRest    *fanOutOf // guarded by routing: a group message the host's routing left to the dispatcher
+	betweenChunks func()    // tests: runs while fanOut has let go of the layer lock
 }
 
 // counters are the Stats counters that are updated without the layer lock. A counter whose event
@@ -228,6 +229,7 @@ func Connect(ctx context.Context, cfg Config) (*Layer, error) {
 	l.dialer.dialing = l.link.dialing
 	l.dialer.reading = l.routeArrived
 	l.dialer.arrive = l.arrive
+	l.dialer.routeOnHost = l.routeArrivedOnHost
 	l.dialer.frames = framingSupported && !cfg.Connection.usesTLS() && plainServers(cfg.Servers)
 	nc, err := l.connectFirst(ctx)
 	if err != nil {

@@ -411,7 +411,11 @@ func TestMessagingGroupSendReachesEveryMember(t *testing.T) {
 // A group larger than fanOutChunk is delivered in chunks, the lock let go between them: every
 // member still gets every message once and in order, whether its receive waited (a handoff
 // delivered between chunks) or the message waited in its mailbox.
-func TestMessagingGroupFanOutInChunks(t *testing.T) {
+func TestMessagingGroupFanOutInChunks(t *testing.T) { msgFanOutInChunks(t, nil) }
+
+// msgFanOutInChunks is TestMessagingGroupFanOutInChunks; reading, if not nil, is called on the
+// receiving layer before the messages are sent.
+func msgFanOutInChunks(t *testing.T, reading func(*Layer)) {
 	s := startServer(t)
 	a := connect(t, testConfig(nil, s.url()))
 	c := connect(t, testConfig(nil, s.url()))
@@ -425,6 +429,9 @@ func TestMessagingGroupFanOutInChunks(t *testing.T) {
 			msgAwaitListed(t, a, members[i], op)
 			waiting[members[i]] = out
 		}
+	}
+	if reading != nil {
+		reading(a)
 	}
 	for n := range 3 {
 		msgGroupSend(t, c, "big", map[string]any{"type": "chunk", "n": n})

@@ -222,7 +222,10 @@ func (s *socket) readFrom(fd uintptr, onHost bool) readResult {
 			s.wakeReader()
 		}
 	}
-	if arrived && s.d.reading != nil {
+	switch {
+	case arrived && onHost:
+		s.d.routeOnHost()
+	case arrived && s.d.reading != nil:
 		s.d.reading()
 	}
 	if ended {

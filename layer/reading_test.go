@@ -172,3 +172,17 @@ func TestReadEventsNeedTheProtocolInTheClear(t *testing.T) {
 		t.Fatalf("ReadEvents on a layer that does not frame its sockets: %v, want ErrNoReadEvents", err)
 	}
 }
+
+// TestHostFansALargeGroupOutWithTheDispatcher: a group message that the host reads goes to the
+// first chunk of its members on the host's thread and to the others on the dispatcher's, and
+// every member gets every message once, in order.
+func TestHostFansALargeGroupOutWithTheDispatcher(t *testing.T) {
+	var a *Layer
+	msgFanOutInChunks(t, func(l *Layer) {
+		a = l
+		startTestHost(t, l)
+	})
+	if a.Stats().HostReads.Reads == 0 {
+		t.Fatal("the host never read the connection")
+	}
+}

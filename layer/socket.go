@@ -53,6 +53,7 @@ type dialer struct {
 	dialing      func()                 // called as nats.go starts a dial, while it holds its connection lock
 	reading      func()                 // called before each read of a socket: the layer routes what the last one brought
 	arrive       func(*nats.Msg)        // takes a message framed from a socket's stream (inbound.go)
+	routeOnHost  func()                 // routes what the host read (Layer.OnReadable)
 	frames       bool                   // the layer may frame what its sockets read: no TLS is configured
 	host         hostReads              // whether the host reads the established socket (reading.go)
 	events       readEvents             // what the host watches to know when to
