@@ -69,9 +69,9 @@ func (l *Layer) dispatch() {
 func (l *Layer) routeArrived() { l.routeArrivedBy(false) }
 
 // routeArrivedOnHost is routeArrived on the host's thread (OnReadable). There a group message
-// with more members here than one chunk is delivered to its first chunk only: the dispatcher
-// delivers it to the others, on another thread, while the host returns to run the consumers
-// the first chunk woke.
+// with more members here than one chunk, whose first chunk woke receives, is delivered to that
+// chunk only: the dispatcher delivers it to the others, on another thread, while the host
+// returns to run the consumers the first chunk woke.
 func (l *Layer) routeArrivedOnHost() { l.routeArrivedBy(true) }
 
 func (l *Layer) routeArrivedBy(host bool) {
@@ -299,8 +299,9 @@ type fanOutOf struct {
 // receivers copy (S9). l.mu must be held. Past fanOutChunk members it lets go of the lock between
 // chunks and delivers the handoffs so far (it holds l.routing: nothing else routes or delivers
 // meanwhile, so the order of arrival holds in each mailbox and for each receive) and, when the
-// group changed meanwhile, skips those no longer members. With firstChunk it stops after the
-// first chunk and leaves the rest in l.fanOutRest (continueFanOut). It returns with l.mu held,
+// group changed meanwhile, skips those no longer members. With firstChunk it stops after a first
+// chunk that woke receives and leaves the rest in l.fanOutRest (continueFanOut); where nobody
+// waits (a backlog), a hand-over would only wake the dispatcher. It returns with l.mu held,
 // unless the layer closed meanwhile (false, l.mu not held).
 func (l *Layer) fanOut(f *fanOutOf, firstChunk bool) bool {
 	if len(f.g.process) <= fanOutChunk {
@@ -341,7 +342,7 @@ func (l *Layer) fanOutChunks(f *fanOutOf, firstChunk bool) bool {
 	}()
 	for start := f.next; start < len(members); start += fanOutChunk {
 		if start > 0 {
-			if firstChunk {
+			if firstChunk && len(l.handoffs.queued) > 0 {
 				f.next, l.fanOutRest, kept = start, f, true
 				return true
 			}
