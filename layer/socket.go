@@ -22,6 +22,8 @@ import (
 // (socket.writePublish), on the publishing thread, as asyncio's transports write at once when
 // their buffer is empty. Behind bytes still buffered or being written it is buffered too, so
 // the socket's writes leave in the order they were made. See protocol.go for why.
+//
+// What a socket reads, and who reads it, is in inbound.go and reading.go.
 
 const (
 	// writeBufferSize is nats.go's flush threshold: 1 makes it write each operation to the socket
@@ -56,7 +58,7 @@ type dialer struct {
 	routeOnHost  func()                 // routes what the host read (Layer.OnReadable)
 	frames       bool                   // the layer may frame what its sockets read: no TLS is configured
 	host         hostReads              // whether the host reads the established socket (reading.go)
-	events       readEvents             // what the host watches to know when to
+	events       readEvents             // the descriptor a host that reads the connection watches
 	latest       atomic.Pointer[socket] // the socket of the last dial
 	mu           sync.Mutex
 	open         map[*socket]struct{}
