@@ -158,6 +158,7 @@ func (s *socket) readOnReader(fd uintptr) bool {
 	return s.readFrom(fd, false) != readWouldBlock || s.hasForwarded() // the host read it first
 }
 
+// hasForwarded reports whether in holds something for nats.go's reader.
 func (s *socket) hasForwarded() bool {
 	s.readMu.Lock()
 	defer s.readMu.Unlock()
