@@ -187,8 +187,8 @@ func parseMessageLine(args []byte, headers bool) (a arrival, hdrSize, size int, 
 	if len(args) > 0 || n != 2+sizes && n != 3+sizes {
 		return arrival{}, 0, 0, false
 	}
-	sid, err := strconv.ParseInt(string(fields[1]), 10, 64)
-	if err != nil {
+	sid, ok := parseDecimal(fields[1], 18)
+	if !ok {
 		return arrival{}, 0, 0, false
 	}
 	if size, ok = parseSize(fields[n-1]); !ok {
@@ -199,12 +199,29 @@ func parseMessageLine(args []byte, headers bool) (a arrival, hdrSize, size int, 
 			return arrival{}, 0, 0, false
 		}
 	}
-	return arrival{sid: sid, subject: fields[0]}, hdrSize, size, true
+	return arrival{sid: int64(sid), subject: fields[0]}, hdrSize, size, true
 }
 
+// parseSize parses a size field, at most maxFrameSize.
 func parseSize(b []byte) (int, bool) {
-	n, err := strconv.Atoi(string(b))
-	return n, err == nil && n >= 0 && n <= maxFrameSize
+	n, ok := parseDecimal(b, 10)
+	return n, ok && n <= maxFrameSize
+}
+
+// parseDecimal parses at most digits decimal digits. It allocates nothing: it runs for every
+// message read and every publish nats.go writes.
+func parseDecimal(b []byte, digits int) (int, bool) {
+	if len(b) == 0 || len(b) > digits {
+		return 0, false
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
 }
 
 // maxFrameSize bounds what a size field may announce: far above any server's max_payload.
@@ -252,14 +269,15 @@ func (o *outbound) scan(p []byte) {
 // operation follows one operation line.
 func (o *outbound) operation(line []byte) {
 	op, args, _ := bytes.Cut(line, []byte{' '})
-	fields := bytes.Fields(args)
-	switch string(op) {
-	case "PUB", "HPUB": // subject [reply] [header-size] total-size, then the payload
-		if len(fields) > 0 {
-			if n, ok := parseSize(fields[len(fields)-1]); ok {
-				o.skip = n + 2
-			}
+	if string(op) == "PUB" || string(op) == "HPUB" { // subject [reply] [header-size] total-size, then the payload
+		args = bytes.TrimRight(args, " ")
+		if n, ok := parseSize(args[bytes.LastIndexByte(args, ' ')+1:]); ok {
+			o.skip = n + 2
 		}
+		return
+	}
+	fields := bytes.Fields(args) // SUB and UNSUB: rare
+	switch string(op) {
 	case "SUB": // subject [queue] sid
 		if len(fields) < 2 {
 			return

@@ -90,7 +90,7 @@ func (s *socket) Read(p []byte) (int, error) {
 			s.awaitHost()
 		default:
 			s.waiting.Store(true)
-			err := s.raw.Read(s.readOnReader)
+			err := s.raw.Read(s.readWait)
 			s.waiting.Store(false)
 			if err != nil && !(s.woken.Swap(false) && errors.Is(err, os.ErrDeadlineExceeded) && s.restoreDeadline()) {
 				return 0, err

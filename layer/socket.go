@@ -80,7 +80,7 @@ func (d *dialer) Dial(network, address string) (net.Conn, error) {
 	s := &socket{Conn: c, d: d, kick: make(chan struct{}, 1), closed: make(chan struct{}), forwarded: make(chan struct{}, 1)}
 	if sc, ok := c.(syscall.Conn); ok && d.frames {
 		if raw, err := sc.SyscallConn(); err == nil {
-			s.raw = raw
+			s.raw, s.readWait = raw, s.readOnReader
 		}
 	}
 	d.mu.Lock()
@@ -164,6 +164,7 @@ type socket struct {
 
 	// The read side (reading.go): set when the layer frames what this socket reads.
 	raw         syscall.RawConn
+	readWait    func(fd uintptr) bool // readOnReader, made once: a method value per read allocates
 	readMu      sync.Mutex
 	in          inbound       // guarded by readMu
 	forwarded   chan struct{} // in has operations or an error for nats.go's reader
