@@ -52,7 +52,7 @@ class PublishTimeout(TimeoutError):
 class _State:
     lib: Any = None
     ffi: cffi.FFI | None = None
-    receive: Any = None  # channels_nats._fastpath.receive, with the compiled module
+    fastpath: Any = None  # the module channels_nats._fastpath, with the compiled module
     loaded_by: int = 0
     forked = False
 
@@ -112,14 +112,14 @@ def load() -> tuple[cffi.FFI, Any]:
                 ffi = cffi.FFI()
                 ffi.cdef(cdef_from_header(text))
                 loaded = ffi, ffi.dlopen(str(path)), None
-            _state.ffi, _state.lib, _state.receive = loaded
+            _state.ffi, _state.lib, _state.fastpath = loaded
             _state.loaded_by = os.getpid()
     return _state.ffi, _state.lib  # type: ignore[return-value]
 
 
 def _load_compiled(path: Path, header: str) -> tuple[cffi.FFI, Any, Any] | None:
     """The compiled cffi module beside the library (python/cffi_build.py), when there is one built
-    from this header: its ffi and lib, and the receive of channels_nats._fastpath in the same
+    from this header: its ffi and lib, and the module channels_nats._fastpath in the same
     file. None to use ABI mode. A module that cannot be used is logged, not raised: ABI mode
     calls the same functions, only slower."""
     module_path = path.with_name(COMPILED_MODULE)
@@ -128,7 +128,7 @@ def _load_compiled(path: Path, header: str) -> tuple[cffi.FFI, Any, Any] | None:
     try:
         module = _load_extension("channels_nats._cffi", module_path)
         built_from = module.ffi.string(getattr(module.lib, FINGERPRINT_FUNCTION)()).decode()
-        receive = _load_extension("channels_nats._fastpath", module_path).receive
+        fastpath = _load_extension("channels_nats._fastpath", module_path)
     except (ImportError, OSError, AttributeError) as e:
         _log.warning("channels_nats: cannot use %s (%s); calling the library through cffi's ABI mode", module_path, e)
         return None
@@ -139,7 +139,7 @@ def _load_compiled(path: Path, header: str) -> tuple[cffi.FFI, Any, Any] | None:
             module_path,
         )
         return None
-    return module.ffi, module.lib, receive
+    return module.ffi, module.lib, fastpath
 
 
 def _load_extension(name: str, path: Path) -> Any:
@@ -152,10 +152,10 @@ def _load_extension(name: str, path: Path) -> Any:
     return module
 
 
-def compiled_receive() -> Any:
-    """channels_nats._fastpath.receive (fastpath.c) when the compiled module is used, else None."""
+def fastpath() -> Any:
+    """The module channels_nats._fastpath (fastpath.c) when the compiled module is used, else None."""
     load()
-    return _state.receive
+    return _state.fastpath
 
 
 def call_mode() -> str:

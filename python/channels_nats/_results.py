@@ -42,7 +42,8 @@ RESULT = struct.Struct("@QPiPPN")
 go, far cheaper than a cffi attribute read per field. Checked against the header on first use."""
 
 READY_STREAK = 32
-"""Receives in a row that found a message waiting after which the next one yields to the loop."""
+"""Receives in a row on one loop that found a message waiting, after which the next one yields to
+the loop first (receive returns 0 without taking anything)."""
 
 CLOSE = 1
 """The closure of a close: its result has the client handle as op, like the connect's."""
@@ -72,13 +73,17 @@ class LoopQueue:
         self.handle = int(handle[0])
         # A receive that finds a message waiting is the hot path of every saturated consumer:
         # the compiled module's one-call receive, else the same through cffi.
-        self.receive: Callable[[int, bytes, int], Any] = _native.compiled_receive() or self._receive_through_cffi
+        fastpath = _native.fastpath()
+        self.receive: Callable[[int, bytes, int], Any] = self._receive_through_cffi
+        if fastpath is not None:
+            fastpath.configure(msgpack.unpackb, READY_STREAK)
+            self.receive = fastpath.receive
         self._cn_receive = lib.cn_receive
         self._on_readable_call = lib.cn_on_readable
         self._null = ffi.NULL
         self._buffer = ffi.buffer
         self.waiting: dict[int, Waiting] = {}
-        self.ready = 0  # receives in a row on this loop that found a message waiting
+        self._ready = 0  # receives in a row on this loop that found a message waiting (through cffi)
         self.closing: dict[int, asyncio.Future[None]] = {}
         # Out-parameters of the calls made with this queue: each is read right after its call,
         # before anything else runs on the loop's thread.
@@ -166,11 +171,17 @@ class LoopQueue:
 
     def _receive_through_cffi(self, client: int, channel: bytes, queue: int) -> Any:
         """cn_receive with no closure, returning what channels_nats._fastpath.receive does: the
-        lent body (a buffer to decode at once), or an int: the op of a pending receive (> 0) or
-        minus the status of a failed call (< 0)."""
+        decoded message, or an int: the op of a pending receive (> 0), minus the status of a
+        failed call (< 0), or 0 after READY_STREAK ready receives in a row (nothing was taken:
+        the caller yields to the loop and asks again)."""
+        if self._ready >= READY_STREAK:
+            self._ready = 0
+            return 0
         status = self._cn_receive(client, channel, queue, self._null, self._body, self._len, self.op)
         if status == _native.OK:
-            return self._buffer(self._body[0], self._len[0])
+            self._ready += 1
+            return msgpack.unpackb(self._buffer(self._body[0], self._len[0]))
+        self._ready = 0
         if status == _native.PENDING:
             return int(self.op[0])
         return -status
@@ -283,6 +294,10 @@ _queues: dict[asyncio.AbstractEventLoop, LoopQueue] = {}
 """Each event loop's queue. Read without the lock (one dict lookup per call, the hot path of
 every receive); changed only with it."""
 _queues_lock = threading.Lock()
+
+queue_of = _queues.get
+"""The queue of an event loop, or None: the receive's hot path looks its loop's queue up with this
+(one call), and falls back to for_running_loop."""
 
 
 def for_running_loop() -> LoopQueue:

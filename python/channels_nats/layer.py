@@ -20,7 +20,8 @@ from channels.layers import BaseChannelLayer
 
 from . import _native, _results
 
-_unpackb = msgpack.unpackb  # raw=False is msgpack 1.0's default; passing it costs a keyword call per message
+_get_running_loop = asyncio.get_running_loop  # the receive's hot path: looked up once, not per call
+_queue_of = _results.queue_of
 
 CONNECT_OPTIONS = frozenset(
     {
@@ -304,21 +305,22 @@ class NatsChannelLayer(BaseChannelLayer):
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
-        name = self._channel_names.recent.get(channel) if type(channel) is str else None
-        if name is None:
+        try:
+            name = self._channel_names.recent[channel]  # checked and encoded before
+        except (KeyError, TypeError):  # a name met for the first time in a while, or not a str
             name = self._channel(channel)
         client = self._client or await self._connection()
-        queue = _results.for_running_loop()  # after a fork none of the parent's: it refuses then
-        if queue.ready >= _results.READY_STREAK:
-            # A consumer draining a backlog gets its messages without suspending: let the loop
-            # run others now and then. Before the receive, so a cancellation here loses nothing.
-            queue.ready = 0
-            await asyncio.sleep(0)
+        # for_running_loop, inlined (after a fork the parent's queues are gone, and it refuses)
+        queue = _queue_of(_get_running_loop()) or _results.for_running_loop()
         got = queue.receive(client, name, queue.handle)
-        if type(got) is not int:  # a message was waiting, lent until the queue's next call
-            queue.ready += 1
-            return _unpackb(got)
-        queue.ready = 0
+        if type(got) is not int:
+            return got  # the message that was waiting, decoded
+        if got == 0:
+            # A consumer draining a backlog gets its messages without suspending: this is the
+            # READY_STREAK-th in a row, which lets the loop run others first. Nothing was taken,
+            # so a cancellation here loses nothing.
+            await asyncio.sleep(0)
+            return await self.receive(channel)
         if got < 0:
             _native.raise_for(-got, _native.last_error())
         # _wait, inlined: this is the hot path of every fan-out.

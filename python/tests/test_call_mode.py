@@ -21,7 +21,8 @@ from channels_nats import _native
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiled module is Linux-only")
 
 # A receive that waits, then two that find their messages waiting (the fence's message came
-# after them on the same subscription), and which receive function the loop's queue uses.
+# after them on the same subscription), a backlog whose ready receives yield to the loop every
+# READY_STREAK-th time, and which receive function the loop's queue uses.
 ROUND_TRIP = """
 import asyncio, sys
 from channels_nats import NatsChannelLayer, _native, _results
@@ -38,10 +39,33 @@ async def main():
     await layer.send(fence, {"type": "mode.fence"})
     await asyncio.wait_for(layer.receive(fence), 10)
     got += [(await layer.receive(channel))["n"] for _ in range(2)]
-    receive, fastpath = _results.for_running_loop().receive, _native.compiled_receive()
+    # A backlog of 3 streaks after a receive that waited: 2 of its receives yield to the loop.
+    streak = _results.READY_STREAK
+    fenced = asyncio.ensure_future(layer.receive(fence))
+    await asyncio.sleep(0.2)
+    for n in range(3 * streak):
+        await layer.send(channel, {"type": "mode.backlog", "n": n})
+    await layer.send(fence, {"type": "mode.fence"})
+    await asyncio.wait_for(fenced, 10)
+    turns, spinning = 0, True
+
+    async def spin():
+        nonlocal turns
+        while spinning:
+            turns += 1
+            await asyncio.sleep(0)
+
+    spinner = asyncio.ensure_future(spin())
+    await asyncio.sleep(0)
+    before = turns
+    backlog = [(await layer.receive(channel))["n"] for _ in range(3 * streak)]
+    yielded, spinning = turns - before, False
+    await spinner
+    assert backlog == list(range(3 * streak)), backlog
+    receive, fastpath = _results.for_running_loop().receive, _native.fastpath()
     await layer.close()
-    kind = "fastpath" if fastpath is not None and receive is fastpath else "cffi"
-    print(_native.call_mode(), kind, *got)
+    kind = "fastpath" if fastpath is not None and receive is fastpath.receive else "cffi"
+    print(_native.call_mode(), kind, *got, "yields", yielded)
 
 asyncio.run(main())
 """
@@ -78,20 +102,20 @@ def copy_library(to: Path, with_module: bool) -> Path:
 def test_the_suite_calls_through_the_compiled_module() -> None:
     compiled_module()
     assert _native.call_mode() == "compiled"
-    assert _native.compiled_receive() is not None
+    assert _native.fastpath() is not None
 
 
 def test_the_compiled_module_receives_in_one_call(tmp_path: Path, nats_url: str) -> None:
     compiled_module()
     done = run_round_trip(copy_library(tmp_path, with_module=True), nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["compiled", "fastpath", "1", "2", "3"]
+    assert done.stdout.split() == ["compiled", "fastpath", "1", "2", "3", "yields", "2"]
 
 
 def test_without_the_module_abi_mode_does_the_same(tmp_path: Path, nats_url: str) -> None:
     done = run_round_trip(copy_library(tmp_path, with_module=False), nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3"]
+    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3", "yields", "2"]
 
 
 def test_a_module_built_from_another_header_is_not_used(tmp_path: Path, nats_url: str) -> None:
@@ -101,7 +125,7 @@ def test_a_module_built_from_another_header_is_not_used(tmp_path: Path, nats_url
     header.write_text(header.read_text(encoding="utf-8") + "\n/* another build */\n", encoding="utf-8")
     done = run_round_trip(library, nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3"]
+    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3", "yields", "2"]
     assert "was built from another channels_nats.h" in done.stderr
 
 
@@ -111,4 +135,4 @@ def test_a_module_beside_a_renamed_library_is_not_used(tmp_path: Path, nats_url:
     renamed = library.rename(tmp_path / "libchannels_nats-copy.so")
     done = run_round_trip(renamed, nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3"]
+    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3", "yields", "2"]
