@@ -36,8 +36,8 @@ static __thread int fastpath_ready;
 /*
  * configure(decode, streak) -> None
  *
- * decode(view) returns the message of a body; streak is READY_STREAK. Called once, before the
- * first receive.
+ * decode(view) returns the message of a body; streak is READY_STREAK. Called before the first
+ * receive, and again with the same values by each event loop's result queue.
  */
 static PyObject *fastpath_configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
