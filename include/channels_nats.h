@@ -375,7 +375,8 @@ CN_EXTERN cn_status cn_flush(cn_client client);
  * queue, within the host's cn_on_readable() call, with no library thread to wake in between.
  * Without this, a library thread reads the connection and signals the queue's notify.
  *   fd  required; receives the descriptor, or -1 where the host cannot read the connection (not
- *       on Linux, or over TLS or a websocket: the library reads it itself there). It is
+ *       on Linux, over TLS or a websocket, or with "host_reads": false in the configuration:
+ *       the library reads it itself there). It is
  *       readable (level-triggered: as long as bytes wait) whenever the connection has bytes to
  *       read; it is the same across reconnects, so the host registers it once. It is an epoll
  *       descriptor: watch it, do not read from it or change it. The library closes it in

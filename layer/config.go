@@ -46,6 +46,11 @@ type Config struct {
 	// PublishDeadline is how long a send may wait for room in the outbound buffer before it
 	// fails with *PublishTimeoutError (default 10 s, as the nats-py layer's publish_deadline).
 	PublishDeadline time.Duration
+	// NoHostReads keeps the host from reading the connection: ReadEvents then returns
+	// ErrNoReadEvents, and the library's own thread reads as it does over TLS (configuration key
+	// host_reads: false). A switch for a host whose event loop should never run the library's
+	// reads, or to rule that path out when looking into a problem.
+	NoHostReads bool
 	// Connection holds the NATS connection options.
 	Connection ConnectionOptions
 	// Log receives the layer's warnings (drops, reconnects). Default: the log/slog default logger.
@@ -299,7 +304,7 @@ func (c *Config) capacityOf(name string) int {
 //
 //	{"servers": ["nats://127.0.0.1:4222"], "prefix": "channels", "expiry": 60, "capacity": 100,
 //	 "channel_capacity": {"http.request*": 200}, "group_expiry": 86400, "mailbox_grace": 60,
-//	 "release_linger": 0.3, "connect_deadline": 5, "publish_deadline": 10,
+//	 "release_linger": 0.3, "connect_deadline": 5, "publish_deadline": 10, "host_reads": true,
 //	 "connect_options": {"name": "web", "token": "s3cret"}}
 func ParseConfig(doc []byte) (Config, error) {
 	var raw struct {
@@ -313,6 +318,7 @@ func ParseConfig(doc []byte) (Config, error) {
 		ReleaseLinger   seconds         `json:"release_linger"`
 		ConnectDeadline seconds         `json:"connect_deadline"`
 		PublishDeadline seconds         `json:"publish_deadline"`
+		HostReads       *bool           `json:"host_reads"`
 		ConnectOptions  json.RawMessage `json:"connect_options"`
 	}
 	if err := decodeStrict(doc, &raw, "config"); err != nil {
@@ -323,6 +329,7 @@ func ParseConfig(doc []byte) (Config, error) {
 		GroupExpiry: time.Duration(raw.GroupExpiry), MailboxGrace: time.Duration(raw.MailboxGrace),
 		ReleaseLinger: time.Duration(raw.ReleaseLinger), ConnectDeadline: time.Duration(raw.ConnectDeadline),
 		PublishDeadline: time.Duration(raw.PublishDeadline),
+		NoHostReads:     raw.HostReads != nil && !*raw.HostReads,
 	}
 	var err error
 	if c.Servers, err = parseServers(raw.Servers); err != nil {

@@ -20,6 +20,7 @@ const fullConfig = `{
 	"release_linger": 0.3,
 	"connect_deadline": 2.5,
 	"publish_deadline": 7,
+	"host_reads": false,
 	"connect_options": {
 		"name": "web-1",
 		"token": "s3cret",
@@ -59,6 +60,7 @@ func TestParseConfigFull(t *testing.T) {
 		ReleaseLinger:   300 * time.Millisecond,
 		ConnectDeadline: 2500 * time.Millisecond,
 		PublishDeadline: 7 * time.Second,
+		NoHostReads:     true,
 		Connection: ConnectionOptions{
 			Name: "web-1", Token: "s3cret", User: "alice", Password: "hunter2",
 			CredsFile: "/etc/nats/app.creds", NkeySeedFile: "/etc/nats/seed.nk",
@@ -165,12 +167,26 @@ func TestParseConfigDurations(t *testing.T) {
 	}
 }
 
+// TestParseConfigHostReads: host_reads is on unless the document turns it off, and it must be a
+// bool.
+func TestParseConfigHostReads(t *testing.T) {
+	for doc, off := range map[string]bool{`{}`: false, `{"host_reads": true}`: false, `{"host_reads": false}`: true} {
+		c, err := ParseConfig([]byte(doc))
+		if err != nil || c.NoHostReads != off {
+			t.Errorf("ParseConfig(%s): NoHostReads %v, %v; want %v", doc, c.NoHostReads, err, off)
+		}
+	}
+	if _, err := ParseConfig([]byte(`{"host_reads": "no"}`)); err == nil || !strings.Contains(err.Error(), "host_reads") {
+		t.Errorf(`ParseConfig({"host_reads": "no"}): %v, want an error naming host_reads`, err)
+	}
+}
+
 func TestParseConfigUnknownKeys(t *testing.T) {
 	for _, tc := range []struct {
 		doc      string
 		contains []string
 	}{
-		{`{"capacty": 5}`, []string{"capacty", "known keys", "capacity", "servers", "prefix", "expiry", "channel_capacity", "group_expiry", "mailbox_grace", "release_linger", "connect_deadline", "publish_deadline", "connect_options"}},
+		{`{"capacty": 5}`, []string{"capacty", "known keys", "capacity", "servers", "prefix", "expiry", "channel_capacity", "group_expiry", "mailbox_grace", "release_linger", "connect_deadline", "publish_deadline", "host_reads", "connect_options"}},
 		{`{"servers": "nats://a:4222", "hosts": ["x"]}`, []string{"hosts", "known keys", "capacity", "servers"}},
 		{`{"connect_options": {"tokn": "x"}}`, []string{"connect_options", "tokn", "known keys", "token", "user", "password", "creds", "nkey_seed", "tls_cert", "tls_key", "tls_ca", "tls_handshake_first", "dont_randomize", "reconnect_time_wait", "max_reconnect_attempts", "pending_size", "connect_timeout", "drain_timeout", "flush_timeout", "pending_msgs_limit", "ping_interval", "max_pings_outstanding", "name"}},
 		// The option pending_size replaced is refused by name, not silently ignored.

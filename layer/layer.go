@@ -29,9 +29,10 @@ var (
 	// ErrPublishTimeout is matched (errors.Is) by a *PublishTimeoutError.
 	ErrPublishTimeout = errors.New("channels_nats: publish timed out")
 	// ErrNoReadEvents is returned by ReadEvents where the host cannot read the connection: not
-	// on Linux, or over TLS or websockets. The layer reads it itself there.
+	// on Linux, over TLS or websockets, or with Config.NoHostReads. The layer reads it itself there.
 	ErrNoReadEvents = errors.New("channels_nats: the host cannot read this connection " +
-		"(read events need Linux and a connection without TLS or websockets); the library reads it itself")
+		"(read events need Linux, a connection without TLS or websockets, and host_reads not false); " +
+		"the library reads it itself")
 )
 
 // MessageTooLargeError reports a message whose body and headers exceed the server's max_payload
@@ -315,7 +316,7 @@ func (l *Layer) Close() error {
 // descriptor and closes it in Close; a host that may watch it longer watches a duplicate.
 // ErrNoReadEvents: the layer reads the connection itself.
 func (l *Layer) ReadEvents() (int, error) {
-	if !l.dialer.frames {
+	if !l.dialer.frames || l.cfg.NoHostReads {
 		return -1, ErrNoReadEvents
 	}
 	fd, err := l.dialer.events.descriptor(l.dialer.latest.Load())

@@ -122,6 +122,24 @@ func TestHostReadsTheConnection(t *testing.T) {
 	}
 }
 
+// TestHostReadsCanBeTurnedOff: with NoHostReads a connection in the clear offers no read
+// events, and the library's own reader delivers everything.
+func TestHostReadsCanBeTurnedOff(t *testing.T) {
+	s := startServer(t)
+	cfg := testConfig(nil, s.url())
+	cfg.NoHostReads = true
+	a := connect(t, cfg)
+	b := connect(t, testConfig(nil, s.url()))
+	if fd, err := a.ReadEvents(); !errors.Is(err, ErrNoReadEvents) || fd != -1 {
+		t.Fatalf("ReadEvents with NoHostReads: %d, %v; want -1 and ErrNoReadEvents", fd, err)
+	}
+	pc := msgNewChannel(t, a)
+	hrSendAndReceive(t, a, b, pc, 0, 50)
+	if reads := a.Stats().HostReads.Reads; reads != 0 {
+		t.Fatalf("the host read the connection %d times with NoHostReads", reads)
+	}
+}
+
 // TestHostThatStopsReadingIsTakenOver: a host that stops calling OnReadable while bytes wait
 // (its loop is blocked) does not stop the connection: the layer reads it again within a few
 // checks, and the host reads again once it calls again. No message is lost or reordered.

@@ -146,6 +146,7 @@ CONFIG_KEYS = (
     "release_linger",
     "connect_deadline",
     "publish_deadline",
+    "host_reads",
     "connect_options",
 )
 """The keys of a CHANNEL_LAYERS CONFIG block."""
@@ -175,6 +176,7 @@ class NatsChannelLayer(BaseChannelLayer):
         release_linger: float = 0.3,
         connect_deadline: float = 5,
         publish_deadline: float = 10,
+        host_reads: bool = True,
         connect_options: dict[str, Any] | None = None,
         **unknown: Any,
     ) -> None:
@@ -206,12 +208,15 @@ class NatsChannelLayer(BaseChannelLayer):
             "release_linger": release_linger,
             "connect_deadline": connect_deadline,
             "publish_deadline": publish_deadline,
+            "host_reads": host_reads,
             "connect_options": options,
         }
         for key in _NUMBERS:
             value = config[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise TypeError(f"NatsChannelLayer: {key} must be a number >= 0, not {value!r}")
+        if not isinstance(host_reads, bool):
+            raise TypeError(f"NatsChannelLayer: host_reads must be True or False, not {host_reads!r}")
         self.prefix = prefix
         self._config = json.dumps(config).encode()
         self._lock = threading.Lock()

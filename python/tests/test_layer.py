@@ -152,6 +152,8 @@ def test_unknown_connect_option_is_refused() -> None:
         {"servers": [5]},
         {"servers": []},
         {"channel_capacity": {5: 1}},
+        {"host_reads": "no"},
+        {"host_reads": 0},
     ],
 )
 def test_bad_config_types_raise_type_error(config: dict[str, Any]) -> None:
@@ -736,6 +738,19 @@ async def test_library_warnings_reach_the_channels_nats_logger(
     if reads["takeovers"] == 0:
         assert record.thread == threading.get_ident()
     assert "1 message(s) dropped" in record.getMessage()
+
+
+async def test_the_loop_reads_the_connection_unless_host_reads_is_off(make_layer: MakeLayer) -> None:
+    """The loop that connected reads the connection (cn_read_events); with host_reads=False the
+    library's thread does, and the messages arrive the same."""
+    for host_reads in (True, False):
+        layer, sender = make_layer(host_reads=host_reads), make_layer()
+        channel = await layer.new_channel()
+        for i in range(20):
+            await sender.send(channel, {"type": "n", "i": i})
+        assert [(await receive(layer, channel))["i"] for _ in range(20)] == list(range(20))
+        reads = layer.stats()["host_reads"]["reads"]
+        assert (reads > 0) == host_reads, f"host_reads={host_reads}: the loop read {reads} times"
 
 
 async def test_expired_messages_are_skipped(make_layer: MakeLayer) -> None:
