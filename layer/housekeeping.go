@@ -41,10 +41,14 @@ func (l *Layer) sweep(now time.Time) {
 		l.countExpired(mb.dropExpired(now, l.cfg.Expiry))
 		switch {
 		case mb.idle() && now.Sub(mb.activeAt) > l.cfg.MailboxGrace:
-			if mb.plain {
-				l.release(mb, now)
-			} else {
+			switch {
+			case mb.plain:
+				l.release(mb, now) // what it holds is handed back (S6)
+			case len(mb.entries) == 0:
 				l.discard(mb, now)
+			default:
+				// Its messages wait for a reader until they expire (counted then), and the
+				// mailbox with them: discarding it would lose them uncounted.
 			}
 		case mb.groups > 0 && len(mb.waiters) == 0 && now.Sub(mb.readAt) > l.cfg.GroupExpiry:
 			expired = append(expired, mb.name)

@@ -891,6 +891,68 @@ func TestLifecycleIdleMailboxIsReclaimed(t *testing.T) {
 	}
 }
 
+// TestLifecycleBacklogOutlivesTheGrace: a process mailbox that still holds messages is not
+// reclaimed with them. Its reader may drain it at any pace, with receives that never wait, or
+// come back after the grace; the mailbox goes once it is empty, or once what it holds expired
+// (counted). A plain channel read that way keeps its subscription and its backlog too.
+func TestLifecycleBacklogOutlivesTheGrace(t *testing.T) {
+	s := startServer(t)
+	cfg := lcGraceConfig(s.url())
+	cfg.Expiry = 2 * time.Second
+	a := connect(t, cfg)
+	b := connect(t, testConfig(nil, s.url()))
+	ctx := ctxT(t, 10*time.Second)
+	drained, err := a.NewChannel(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := a.NewChannel(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const plain = "backlog-plain"
+	first := lcRecvAsync(ctx, a, plain) // subscribes
+	waitFor(t, 5*time.Second, "the plain channel's receive waiting", func() bool { return lcWaiters(a, plain) == 1 })
+	const backlog = 6
+	for i := range backlog {
+		lcSend(t, b, plain, strconv.Itoa(i))
+		lcSend(t, b, drained, strconv.Itoa(i))
+		lcSend(t, b, left, strconv.Itoa(i))
+	}
+	if r := lcAwait(t, first, 5*time.Second, "the plain channel's first receive"); r.err != nil || lcN(t, r.body) != "0" {
+		t.Fatalf("the plain channel's first receive: %q, %v", r.body, r.err)
+	}
+	waitFor(t, 5*time.Second, "the backlogs", func() bool {
+		return lcEntries(a, plain) == backlog-1 && lcEntries(a, drained) == backlog && lcEntries(a, left) == backlog
+	})
+
+	// The plain channel: receives within the grace of each other, longer than it in all.
+	for i := 1; i < backlog; i++ {
+		if ok, n, _ := lcBox(a, plain); !ok || n != backlog-i {
+			t.Fatalf("the plain channel's mailbox: %v with %d message(s) before receive %d, want %d", ok, n, i, backlog-i)
+		}
+		if got := lcRecv(t, a, plain, 5*time.Second); got != strconv.Itoa(i) {
+			t.Fatalf("message %d of the plain channel's backlog is %q", i, got)
+		}
+		time.Sleep(cfg.MailboxGrace / 2)
+	}
+	// The process channel: slower than the grace.
+	for i := range backlog {
+		time.Sleep(3 * cfg.MailboxGrace / 2)
+		if got := lcRecv(t, a, drained, 5*time.Second); got != strconv.Itoa(i) {
+			t.Fatalf("message %d of the drained backlog is %q", i, got)
+		}
+	}
+	waitFor(t, 5*time.Second, "the reclaim of the drained mailbox", func() bool { return !lcHasBox(a, drained) })
+	if n := lcEntries(a, left); n != backlog {
+		t.Fatalf("the mailbox nobody read holds %d message(s), want %d", n, backlog)
+	}
+	waitFor(t, 5*time.Second, "the reclaim of the unread mailbox once its messages expired", func() bool { return !lcHasBox(a, left) })
+	if got := a.Stats().Dropped.Expired; got != backlog {
+		t.Errorf("Dropped.Expired = %d, want %d", got, backlog)
+	}
+}
+
 // TestLifecycleDisconnectCyclesLeaveNothing (ref 19): new_channel, group_add, a read that is
 // cancelled, group_discard, five times: no groups and no group subscriptions are left, and the
 // mailboxes go after the grace.
@@ -945,8 +1007,9 @@ func TestLifecycleMailboxKeptAlive(t *testing.T) {
 	lcExpectNothing(t, a, member, 50*time.Millisecond) // a timed-out read
 
 	start := time.Now()
-	for i := 0; time.Since(start) < 500*time.Millisecond; i++ {
-		lcSend(t, b, busy, strconv.Itoa(i))
+	sent := 0
+	for ; time.Since(start) < 500*time.Millisecond; sent++ {
+		lcSend(t, b, busy, strconv.Itoa(sent))
 		time.Sleep(25 * time.Millisecond)
 		if !lcHasBox(a, busy) {
 			t.Fatalf("the mailbox with traffic was reclaimed after %s", time.Since(start))
@@ -959,10 +1022,12 @@ func TestLifecycleMailboxKeptAlive(t *testing.T) {
 	if got := lcRecv(t, a, member, 5*time.Second); got != "group" {
 		t.Fatalf("the member got %q, want group", got)
 	}
-	if got := lcRecv(t, a, busy, 5*time.Second); got != "0" {
-		t.Fatalf("the busy mailbox starts with %q, want 0", got)
+	for i := range sent {
+		if got := lcRecv(t, a, busy, 5*time.Second); got != strconv.Itoa(i) {
+			t.Fatalf("message %d of the busy mailbox is %q", i, got)
+		}
 	}
-	// Without traffic, the busy mailbox goes; the member stays.
+	// Without traffic, the busy mailbox goes once read; the member stays.
 	waitFor(t, 5*time.Second, "reclaim of the mailbox whose traffic stopped", func() bool { return !lcHasBox(a, busy) })
 	if !lcHasBox(a, member) {
 		t.Error("the group member's mailbox was reclaimed")

@@ -157,7 +157,7 @@ func (l *Layer) listWaiter(w *waiter, mb *mailbox, op *Op, deliver func(Message,
 
 // popLocked takes the oldest live message of mb, if any, dropping expired ones. l.mu must be held.
 func (l *Layer) popLocked(mb *mailbox, now time.Time) (Message, bool) {
-	mb.readAt = now
+	mb.readAt, mb.activeAt = now, now // a receiver, even one that never waits, keeps mb (S5)
 	e, ok, expired := mb.pop(now, l.cfg.Expiry)
 	l.countExpired(expired)
 	if !ok {
