@@ -47,7 +47,8 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 	if err != nil {
 		return fail(configError{err})
 	}
-	c := &client{id: nextHandle(), log: log, logClosure: logClosure, ops: map[uint64]*op{}}
+	c := &client{id: nextHandle(), ops: map[uint64]*op{}}
+	c.logs.start(log, logClosure)
 	cfg.Log = c.logRecord
 	cfg.Deliveries = c.deliveries
 	ctx, cancel := context.WithCancel(context.Background())
@@ -62,6 +63,7 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 		defer recoverInGoroutine(c)
 		defer cancel()
 		l, err := layer.Connect(ctx, cfg)
+		failed := false
 		c.mu.Lock()
 		c.connecting, c.connectQ = nil, nil
 		switch {
@@ -72,12 +74,15 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 			err = layer.ErrClosed
 		case err != nil:
 			clients.remove(c.id)
-			err = connectError{err}
+			err, failed = connectError{err}, true
 		default:
 			c.layer = l
 			c.live.Store(l)
 		}
 		c.mu.Unlock()
+		if failed { // the records of the failed connect reach the host before its result, none after
+			c.logs.finish()
+		}
 		q.add(c, outcome{id: c.id, closure: closure, status: statusOf(err), text: resultText(err, "")})
 	}()
 	return C.CN_PENDING

@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/channels-nats/channels-nats/layer"
 )
@@ -27,11 +26,9 @@ func nextHandle() uint64 { return lastHandle.Add(1) }
 
 // client is one cn_client: a layer.Layer once connected, its pending operations and its log sink.
 type client struct {
-	id         uint64
-	log        C.cn_log_callback
-	logClosure C.uintptr_t
-	silenced   atomic.Bool // set when close finished: no log record may reach the host after
-	burst      burst       // signals of its queues held back during a burst of deliveries
+	id    uint64
+	logs  logOutbox // its log records, on their way to the host's callback
+	burst burst     // signals of its queues held back during a burst of deliveries
 
 	live atomic.Pointer[layer.Layer] // the layer while it may be used: connected, not closing
 
@@ -77,15 +74,8 @@ func usable(h C.cn_client) (*client, *layer.Layer, error) {
 	return c, c.layer, nil
 }
 
-// logRecord passes a layer log record to the host's log callback.
-func (c *client) logRecord(level layer.Level, message string) {
-	if c.log == nil || c.silenced.Load() {
-		return
-	}
-	text := C.CString(message)
-	defer C.free(unsafe.Pointer(text))
-	C.bridge_invoke_log(c.log, c.logClosure, C.int(level), text)
-}
+// logRecord passes a layer log record on to the host's log callback, without waiting for it.
+func (c *client) logRecord(level layer.Level, message string) { c.logs.add(level, message) }
 
 // burst holds back the signals of result queues while the dispatcher delivers the results of one
 // arrived message (layer.Config.Deliveries): a group message that finishes many receives wakes
@@ -320,6 +310,6 @@ func (c *client) close() {
 	if l != nil {
 		_ = l.Close() // pending operations report CN_CLOSED to their queues
 	}
-	c.silenced.Store(true)
+	c.logs.finish()
 	clients.remove(c.id)
 }

@@ -51,8 +51,12 @@
  * kind on one client arrive in the order the operations finished; received messages arrive in
  * the order the client received them (one dispatcher per client).
  *
- * The log callback is the only call from a library thread into the host. It must return quickly
- * and must not call functions of this library (they return CN_ILLEGAL_STATE there).
+ * The log callback is the only call from a library thread into the host. Each client calls it
+ * from a library thread, one record at a time, in the order the records were made, and never
+ * while the library holds a lock: a host may hold a lock of its own across every call
+ * into the library (as Python holds its GIL) and take that lock in the callback. A slow callback
+ * delays no message; it must not call functions of this library (they return CN_ILLEGAL_STATE
+ * there).
  *
  * The library's Go runtime
  * ------------------------
@@ -147,9 +151,10 @@ typedef struct cn_result {
 
 /*
  * The log callback of a client: warnings about drops, reconnects and lost publishes (level is
- * one of CN_LOG_*). message is valid during the call only. It runs on a library thread, possibly
- * while the library holds internal locks: it must return quickly and must not call functions of
- * this library.
+ * one of CN_LOG_*). message is valid during the call only. It runs on a library thread that
+ * holds no lock of the library, for one client's records one at a time and in order; it must not
+ * call functions of this library. Up to 1024 records wait for it; a record made while that many
+ * wait is dropped, and once the callback has caught up one warning says how many were.
  */
 typedef void (*cn_log_callback)(void *closure, int level, const char *message);
 
@@ -222,6 +227,7 @@ CN_EXTERN cn_status cn_queue_free(cn_queue queue);
  *                means all defaults. Durations are seconds. An unknown key is CN_INVALID_CONFIG,
  *                and cn_last_error() lists the known keys.
  *   log, log_closure  where the client's log records go; log may be NULL (records are dropped).
+ *                The records of a connect that fails reach log before its result, none after.
  *   queue, closure    where the connect's result goes: op is the client handle; status CN_OK,
  *                CN_NO_SERVER (no server within connect_deadline, or a refusal that another try
  *                would not change, such as bad credentials or an unreadable TLS or credentials
@@ -243,8 +249,10 @@ CN_EXTERN cn_status cn_connect(const char *config_json, cn_log_callback log, voi
  * could not be sent is counted (statistics "lost") and logged. A connect in progress is
  * abandoned.
  *   queue, closure  where the close's result goes: op is the client handle, status CN_OK, text
- *                   the client's final statistics as JSON (all zero if it never connected). After it, no result of this client
- *                   comes and no log record of it is written; the handle is invalid (CN_CLOSED).
+ *                   the client's final statistics as JSON (all zero if it never connected). Every log
+ *                   record of the client has reached log before it. After it, no result of this
+ *                   client comes and no log record of it is written; the handle is invalid
+ *                   (CN_CLOSED).
  * Returns CN_PENDING, CN_INVALID_HANDLE (client or queue), CN_CLOSED (already closed or
  * closing), CN_ILLEGAL_STATE (from the log callback), CN_FORKED, CN_INTERNAL.
  */

@@ -68,9 +68,10 @@ static PyObject *fastpath_configure(PyObject *module, PyObject *const *args, Py_
  * receive. Else an int: the op of the pending receive (> 0), minus the status of a failed call
  * (< 0; the detail is cn_last_error() on this thread), or 0 when this thread's receives found
  * their messages waiting streak times in a row: then no call was made, and the caller lets the
- * event loop run other tasks before it asks again. The GIL is released during the call: the
- * library may call the host's log callback from its own threads meanwhile, and that callback
- * needs the GIL.
+ * event loop run other tasks before it asks again. The call keeps the GIL: it waits on nothing
+ * but the library's own locks, and the library calls the log callback, which takes the GIL,
+ * only from a thread that holds none of them (include/channels_nats.h). Releasing and taking
+ * the GIL again cost a ready receive about a twentieth of its time.
  */
 static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -101,10 +102,7 @@ static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ss
     const uint8_t *body = NULL;
     size_t len = 0;
     cn_op op = 0;
-    cn_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = cn_receive((cn_client)client, channel, (cn_queue)queue, NULL, &body, &len, &op);
-    Py_END_ALLOW_THREADS
+    cn_status status = cn_receive((cn_client)client, channel, (cn_queue)queue, NULL, &body, &len, &op);
     if (status != CN_OK) {
         fastpath_ready = 0;
         return status == CN_PENDING ? PyLong_FromUnsignedLongLong(op) : PyLong_FromLong(-(long)status);

@@ -3,6 +3,7 @@
 package abitest
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -235,6 +236,28 @@ func TestConnectFailedRepeatedly(t *testing.T) {
 		var out uintptr
 		if st, msg := onThread(func() int32 { return cnStats(h, &out) }); st != cnClosed || msg == "" {
 			t.Fatalf("client %d: first call after the failed connect: cn_stats = %s (%q), want CN_CLOSED with a detail", i, name(st), msg)
+		}
+		if st := cnClose(h, q.h, 0); st != cnClosed {
+			t.Fatalf("client %d: cn_close after the failed connect: %s, want CN_CLOSED", i, name(st))
+		}
+	}
+	q.quiet(20 * time.Millisecond)
+}
+
+// A connect refused before anything is dialled (a TLS file that cannot be read) fails at once,
+// before the client's log thread has run: its result still comes, and the first call after it
+// says CN_CLOSED, a hundred times in a row. The client's log records are handed over before the
+// result, so the result waits for that thread (it hung there once, when that thread started
+// after the client was finished).
+func TestConnectRefusedAtOnceWithALogCallback(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+	doc := config(t, []string{deadURL(t)}, map[string]any{"connect_options": map[string]any{"tls_ca": missing}})
+	q := newQueue(t)
+	for i := range 100 {
+		h := startConnect(t, doc, newLogSink(nil), q, 0)
+		r := q.one()
+		if r.Op != h || r.Status != cnNoServer || !strings.Contains(r.Text, "missing.pem") {
+			t.Fatalf("client %d: connect result %v, want op %d CN_NO_SERVER naming the file", i, r, h)
 		}
 		if st := cnClose(h, q.h, 0); st != cnClosed {
 			t.Fatalf("client %d: cn_close after the failed connect: %s, want CN_CLOSED", i, name(st))

@@ -97,6 +97,7 @@ async def test_foreign_frames_on_the_process_subject(
         assert not reader.done()
         await sender.send(channel, {"type": "good"})
         assert await asyncio.wait_for(reader, 5) == {"type": "good"}
+        await wait_until(lambda: bool(warnings_with(caplog, BAD_FRAME_TEXT, subject)), "the bad frame warning")
         logged = warnings_with(caplog, BAD_FRAME_TEXT, subject)
         assert len(logged) == 1, [r.getMessage() for r in caplog.records]
         stats = layer.stats()
@@ -163,6 +164,7 @@ async def test_foreign_frames_on_a_plain_channel_subject_with_headers(
         assert not reader.done()
         await sender.send(name, {"type": "good"})
         assert await asyncio.wait_for(reader, 5) == {"type": "good"}
+        await wait_until(lambda: bool(warnings_with(caplog, BAD_FRAME_TEXT, subject)), "the bad frame warning")
         assert len(warnings_with(caplog, BAD_FRAME_TEXT, subject)) == 1
     finally:
         await finish([reader])
@@ -193,6 +195,7 @@ async def test_foreign_frames_on_a_group_subject(
         assert not reader.done()
         await sender.group_send(group, {"type": "good"})
         assert await asyncio.wait_for(reader, 5) == {"type": "good"}
+        await wait_until(lambda: bool(warnings_with(caplog, BAD_FRAME_TEXT, subject)), "the bad frame warning")
         assert len(warnings_with(caplog, BAD_FRAME_TEXT, subject)) == 1
         assert dropped(layer, "no_mailbox") == 0
     finally:

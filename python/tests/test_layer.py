@@ -721,9 +721,9 @@ async def test_a_full_mailbox_warns_once(make_layer: MakeLayer, caplog: pytest.L
 async def test_library_warnings_reach_the_channels_nats_logger(
     make_layer: MakeLayer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """S3: the library's records arrive on logger "channels_nats" at WARNING, logged by the thread
-    that routed the message: the loop's own, which reads the connection (cn_on_readable), unless
-    the library took the reading over meanwhile (then one of its threads)."""
+    """S3: the library's records arrive on logger "channels_nats" at WARNING, logged on a library
+    thread: never the loop's, although the loop routed the message that made the record (it
+    reads the connection, cn_on_readable) while it held the GIL."""
     caplog.set_level(logging.WARNING, logger=LOGGER)
     layer, sender = make_layer(capacity=1), make_layer()
     channel = await layer.new_channel()
@@ -733,10 +733,8 @@ async def test_library_warnings_reach_the_channels_nats_logger(
     record = warnings_with(caplog, "is full")[0]
     assert record.name == "channels_nats"
     assert record.levelname == "WARNING"
-    reads = layer.stats()["host_reads"]
-    assert reads["reads"] > 0
-    if reads["takeovers"] == 0:
-        assert record.thread == threading.get_ident()
+    assert layer.stats()["host_reads"]["reads"] > 0
+    assert record.thread != threading.get_ident()
     assert "1 message(s) dropped" in record.getMessage()
 
 
@@ -811,7 +809,7 @@ async def test_group_expiry_ends_unread_memberships(make_layer: MakeLayer, caplo
     channel = await layer.new_channel()
     await layer.group_add(group, channel)
     await wait_until(lambda: layer.stats()["groups_expired"] == 1, "the membership to expire")
-    assert warnings_with(caplog, "group_expiry")
+    await wait_until(lambda: bool(warnings_with(caplog, "group_expiry")), "the group_expiry warning")
     await sender.group_send(group, {"type": "late"})
     await sender.send(channel, {"type": "direct"})
     assert await receive(layer, channel) == {"type": "direct"}
@@ -1091,7 +1089,7 @@ async def test_every_kind_of_receive_comes_back_after_a_server_restart(
             await asyncio.sleep(0.2)
         assert {kind: task.result()["type"] for kind, task in tasks.items()} == {k: k for k in tasks}
         assert layer.stats()["reconnects"] >= 1
-        assert warnings_with(caplog, "reconnected")
+        await wait_until(lambda: bool(warnings_with(caplog, "reconnected")), "the reconnect warning")
     finally:
         await finish(list(tasks.values()))
 
@@ -1151,6 +1149,7 @@ async def test_a_bad_frame_does_not_end_the_consumer(
         assert not reader.done()
         await sender.send(name, {"type": "good"})
         assert await asyncio.wait_for(reader, 5) == {"type": "good"}
+        await wait_until(lambda: bool(warnings_with(caplog, "not a Channels message")), "the bad frame warning")
         bad = warnings_with(caplog, "not a Channels message")
         assert len(bad) == 1
         assert subject in bad[0].getMessage()
