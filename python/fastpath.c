@@ -1,11 +1,16 @@
 /*
- * channels_nats._fastpath: cn_receive as one CPython call.
+ * channels_nats._fastpath: cn_receive and cn_queue_take as one CPython call each.
  *
  * A receive that finds its message waiting is the hot path of a saturated consumer, and through
  * cffi it costs more than the library call itself: seven arguments converted one by one, two
- * cdata objects to read the out-parameters, and a cffi buffer to decode from. This function takes
+ * cdata objects to read the out-parameters, and a cffi buffer to decode from. receive takes
  * the three arguments that vary, decodes the lent body, and counts the streak of ready receives,
  * so that a ready receive costs the Python caller one call and one type check.
+ *
+ * A fan-out wakes many waiting receives with one take: settled in Python, each result cost a
+ * tuple of six integers, a dictionary pop and a dozen bytecodes around the future's own work.
+ * take settles the received messages of a take here and passes every other result to Python,
+ * in order.
  *
  * It is compiled into the same shared object as the cffi module (python/cffi_build.py), so it is
  * built, shipped and fingerprinted with it, and loaded from that file under its own name. Built
@@ -28,6 +33,13 @@
    ready receives in a row on one thread the next one yields to the event loop first. */
 static PyObject *fastpath_decode;
 static int fastpath_streak;
+
+/* The method names take calls on a future, made once by configure. */
+static PyObject *fastpath_done_name;
+static PyObject *fastpath_set_result_name;
+
+/* The largest batch take accepts: its results live on the stack during the call. */
+#define FASTPATH_TAKE_MAX 256
 
 /* Receives in a row on this thread that found their message waiting: a thread runs one event
    loop at a time, so this is that loop's streak. */
@@ -53,11 +65,49 @@ static PyObject *fastpath_configure(PyObject *module, PyObject *const *args, Py_
         PyErr_SetString(PyExc_ValueError, "configure: streak must be between 1 and 1000000");
         return NULL;
     }
+    if (fastpath_done_name == NULL) {
+        fastpath_done_name = PyUnicode_InternFromString("done");
+        fastpath_set_result_name = PyUnicode_InternFromString("set_result");
+        if (fastpath_done_name == NULL || fastpath_set_result_name == NULL) {
+            Py_CLEAR(fastpath_done_name);
+            Py_CLEAR(fastpath_set_result_name);
+            return NULL;
+        }
+    }
     Py_INCREF(args[0]);
     Py_XDECREF(fastpath_decode);
     fastpath_decode = args[0];
     fastpath_streak = (int)streak;
     Py_RETURN_NONE;
+}
+
+/* Whether every value of a decoded message is of a type its members may share (str, int,
+   float, bool, bytes, None): then each member gets a copy of the first decode, else a decode of
+   its own (Python's _results.IMMUTABLE). */
+static int fastpath_flat(PyObject *message) {
+    if (!PyDict_CheckExact(message)) {
+        return 0;
+    }
+    Py_ssize_t at = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(message, &at, &key, &value)) {
+        if (!(value == Py_None || PyUnicode_CheckExact(value) || PyLong_CheckExact(value) || PyBool_Check(value) ||
+              PyFloat_CheckExact(value) || PyBytes_CheckExact(value))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The decode of a lent body. */
+static PyObject *fastpath_decoded(const void *data, size_t len) {
+    PyObject *view = PyMemoryView_FromMemory((char *)data, (Py_ssize_t)len, PyBUF_READ);
+    if (view == NULL) {
+        return NULL;
+    }
+    PyObject *message = PyObject_CallFunctionObjArgs(fastpath_decode, view, NULL);
+    Py_DECREF(view);
+    return message;
 }
 
 /*
@@ -108,13 +158,135 @@ static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ss
         return status == CN_PENDING ? PyLong_FromUnsignedLongLong(op) : PyLong_FromLong(-(long)status);
     }
     fastpath_ready++;
-    PyObject *view = PyMemoryView_FromMemory((char *)body, (Py_ssize_t)len, PyBUF_READ);
-    if (view == NULL) {
+    return fastpath_decoded(body, len);
+}
+
+/*
+ * take(queue, batch, waiting, other) -> int
+ *
+ * cn_queue_take of at most batch results, settled in the order they came. A received message
+ * (status CN_OK, a body, no closure) resolves the future its op waits with in waiting, a dict
+ * {op: (future, client, publishing)}, from which the entry is popped: with the body's decode,
+ * or, for the next member of the same group message, a copy of that decode when all its values
+ * are immutable (no task runs before the whole take is settled, so none changed it yet). An op
+ * not in waiting was withdrawn: its result is skipped. A future already done was cancelled
+ * after the result came: the message is given back (cn_cancel). Every other result is
+ * other(op, closure, status, text, data, len), with the pointers as integers, lent until the
+ * next take. Returns the number of results taken, or minus the status of a failed take (the
+ * detail is cn_last_error() on this thread). The GIL is kept, as in receive.
+ */
+static PyObject *fastpath_take(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4 || !PyDict_CheckExact(args[2]) || !PyCallable_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "take(queue, batch, waiting, other) takes an int, an int, a dict and a callable");
         return NULL;
     }
-    PyObject *message = PyObject_CallFunctionObjArgs(fastpath_decode, view, NULL); /* in the stable ABI of 3.10 */
-    Py_DECREF(view);
-    return message;
+    if (fastpath_decode == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "take: configure() was not called");
+        return NULL;
+    }
+    unsigned long long queue = PyLong_AsUnsignedLongLong(args[0]);
+    if (queue == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long batch = PyLong_AsLong(args[1]);
+    if (batch == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (batch < 1 || batch > FASTPATH_TAKE_MAX) {
+        PyErr_SetString(PyExc_ValueError, "take: batch must be between 1 and 256");
+        return NULL;
+    }
+    PyObject *waiting = args[2], *other = args[3];
+    cn_result results[FASTPATH_TAKE_MAX];
+    size_t count = 0;
+    cn_status status = cn_queue_take((cn_queue)queue, results, (size_t)batch, &count);
+    if (status != CN_OK) {
+        return PyLong_FromLong(-(long)status);
+    }
+    const void *last_data = NULL; /* the body of first, the decode of the last group message */
+    PyObject *first = NULL;
+    int flat = -1; /* whether first's values are all immutable; -1: not looked at yet */
+    for (size_t i = 0; i < count; i++) {
+        const cn_result *r = &results[i];
+        if (r->closure != NULL || r->status != CN_OK || r->data == NULL) {
+            PyObject *done = PyObject_CallFunction(other, "KKiKKn", (unsigned long long)r->op,
+                                                   (unsigned long long)(uintptr_t)r->closure, (int)r->status,
+                                                   (unsigned long long)(uintptr_t)r->text,
+                                                   (unsigned long long)(uintptr_t)r->data, (Py_ssize_t)r->len);
+            if (done == NULL) {
+                goto failed;
+            }
+            Py_DECREF(done);
+            continue;
+        }
+        PyObject *key = PyLong_FromUnsignedLongLong(r->op);
+        if (key == NULL) {
+            goto failed;
+        }
+        PyObject *entry = PyDict_GetItemWithError(waiting, key); /* borrowed */
+        if (entry == NULL) {
+            Py_DECREF(key);
+            if (PyErr_Occurred()) {
+                goto failed;
+            }
+            continue;
+        }
+        Py_INCREF(entry);
+        int removed = PyDict_DelItem(waiting, key);
+        Py_DECREF(key);
+        PyObject *future = PyTuple_GetItem(entry, 0), *client = PyTuple_GetItem(entry, 1); /* borrowed */
+        if (removed < 0 || future == NULL || client == NULL) {
+            Py_DECREF(entry);
+            goto failed;
+        }
+        PyObject *done = PyObject_CallMethodObjArgs(future, fastpath_done_name, NULL);
+        int cancelled = done == NULL ? -1 : PyObject_IsTrue(done);
+        Py_XDECREF(done);
+        if (cancelled < 0) {
+            Py_DECREF(entry);
+            goto failed;
+        }
+        if (cancelled) {
+            unsigned long long handle = PyLong_AsUnsignedLongLong(client);
+            Py_DECREF(entry);
+            if (handle == (unsigned long long)-1 && PyErr_Occurred()) {
+                goto failed;
+            }
+            cn_cancel((cn_client)handle, r->op);
+            continue;
+        }
+        PyObject *message;
+        if (r->data == last_data) { /* the next member of that group message: the same body */
+            if (flat < 0) {
+                flat = fastpath_flat(first);
+            }
+            message = flat ? PyDict_Copy(first) : fastpath_decoded(r->data, r->len);
+        } else {
+            message = fastpath_decoded(r->data, r->len);
+            Py_XDECREF(first);
+            Py_XINCREF(message);
+            first = message;
+            last_data = message == NULL ? NULL : r->data;
+            flat = -1;
+        }
+        if (message == NULL) {
+            Py_DECREF(entry);
+            goto failed;
+        }
+        PyObject *set = PyObject_CallMethodObjArgs(future, fastpath_set_result_name, message, NULL);
+        Py_DECREF(message);
+        Py_DECREF(entry);
+        if (set == NULL) {
+            goto failed;
+        }
+        Py_DECREF(set);
+    }
+    Py_XDECREF(first);
+    return PyLong_FromSize_t(count);
+failed:
+    Py_XDECREF(first);
+    return NULL;
 }
 
 static PyMethodDef fastpath_methods[] = {
@@ -123,11 +295,14 @@ static PyMethodDef fastpath_methods[] = {
     {"receive", (PyCFunction)(void (*)(void))fastpath_receive, METH_FASTCALL,
      "cn_receive: the decoded message, or the op of a pending receive (> 0), minus an error status (< 0), "
      "or 0 to yield to the event loop first."},
+    {"take", (PyCFunction)(void (*)(void))fastpath_take, METH_FASTCALL,
+     "cn_queue_take, its received messages settled here and every other result passed to other(), in order: "
+     "the number of results taken, or minus an error status."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef fastpath_module = {
-    PyModuleDef_HEAD_INIT, "channels_nats._fastpath", "cn_receive as one CPython call.", 0, fastpath_methods,
+    PyModuleDef_HEAD_INIT, "channels_nats._fastpath", "cn_receive and cn_queue_take as one CPython call each.", 0, fastpath_methods,
     NULL, NULL, NULL, NULL,
 };
 

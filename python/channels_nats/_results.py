@@ -75,12 +75,17 @@ class LoopQueue:
         # the compiled module's one-call receive, else the same through cffi.
         fastpath = _native.fastpath()
         self.receive: Callable[[int, bytes, int], Any] = self._receive_through_cffi
+        # A take that settles a fan-out's receives: the compiled module's, else _settle.
+        self._take_compiled: Callable[[int, int, dict[int, Waiting], Callable[..., None]], int] | None = None
         if fastpath is not None:
             fastpath.configure(msgpack.unpackb, READY_STREAK)
             self.receive = fastpath.receive
+            self._take_compiled = fastpath.take
+        self._settle_other_result = self._settle_other
         self._cn_receive = lib.cn_receive
         self._on_readable_call = lib.cn_on_readable
         self._null = ffi.NULL
+        self._ffi = ffi
         self._buffer = ffi.buffer
         self.waiting: dict[int, Waiting] = {}
         self._ready = 0  # receives in a row on this loop that found a message waiting (through cffi)
@@ -216,11 +221,17 @@ class LoopQueue:
         if self._settled_this_turn:
             self.loop.call_soon(self.take)
             return
-        ffi, lib = _native.load()
-        _native.check(lib.cn_queue_take(self.handle, self._results, TAKE_BATCH, self._count))
-        n = self._count[0]
+        if self._take_compiled is not None:
+            n = self._take_compiled(self.handle, TAKE_BATCH, self.waiting, self._settle_other_result)
+            if n < 0:
+                _native.raise_for(-n, _native.last_error())
+        else:
+            _, lib = _native.load()
+            _native.check(lib.cn_queue_take(self.handle, self._results, TAKE_BATCH, self._count))
+            n = self._count[0]
+            if n:
+                self._settle(RESULT.iter_unpack(self._results_buffer[: n * RESULT.size]))
         if n:
-            self._settle(ffi, lib, RESULT.iter_unpack(self._results_buffer[: n * RESULT.size]))
             self._settled_this_turn = True
             self.loop.call_soon(self._next_turn)
         if n == TAKE_BATCH:
@@ -230,37 +241,54 @@ class LoopQueue:
         """Runs after the tasks the last take woke (they were scheduled before it)."""
         self._settled_this_turn = False
 
-    def _settle(self, ffi: Any, lib: Any, records: Any) -> None:
-        waiting, unpackb = self.waiting, msgpack.unpackb
+    def _settle(self, records: Any) -> None:
+        """Settles the results of a take made through cffi, as the compiled module's take does."""
+        waiting, unpackb, lib = self.waiting, msgpack.unpackb, _native.load()[1]
         # The members of one group message share its body and come one after another. Its first
         # decode goes to the first member and, when its values are all IMMUTABLE, a copy of it to
         # each of the others: no task runs before all of them are settled, so none changed it yet.
         last_data, buffer, first, flat = -1, None, {}, None  # -1: no body yet (0 is none)
         for op, closure, status, text, data, length in records:
-            if closure == CLOSE:
-                closed = self.closing.pop(op, None)
-                if closed is not None and not closed.done():
-                    closed.set_result(None)
+            if closure or status != _native.OK or not data:
+                self._settle_other(op, closure, status, text, data, length)
                 continue
             entry = waiting.pop(op, None)
             if entry is None:
                 continue
-            future, client, publishing = entry
+            future, client, _ = entry
             if future.done():  # its caller was cancelled before the result came: give it back
                 lib.cn_cancel(client, op)
-            elif status != _native.OK:
-                detail = _native.text(ffi.cast("char *", text)) if text else ""
-                future.set_exception(_native.error_for(status, detail, publishing))
             elif data == last_data:  # the next member of that group message: the same body
                 if flat is None:
                     flat = all(type(value) in IMMUTABLE for value in first.values())
                 future.set_result(first.copy() if flat else unpackb(buffer))
-            elif data:
-                last_data, buffer = data, ffi.buffer(ffi.cast("uint8_t *", data), length)
+            else:
+                last_data, buffer = data, self._buffer(self._ffi.cast("uint8_t *", data), length)
                 first, flat = unpackb(buffer), None
                 future.set_result(first)
-            else:
-                future.set_result(_native.text(ffi.cast("char *", text)) if text else None)
+
+    def _settle_other(self, op: int, closure: int, status: int, text: int, data: int, length: int) -> None:
+        """Settles a result that is not a received message: a close's, a failure, a send's or
+        another operation's (text and data are addresses, lent until the next take)."""
+        ffi, lib = _native.load()
+        if closure == CLOSE:
+            closed = self.closing.pop(op, None)
+            if closed is not None and not closed.done():
+                closed.set_result(None)
+            return
+        entry = self.waiting.pop(op, None)
+        if entry is None:
+            return
+        future, client, publishing = entry
+        if future.done():  # its caller was cancelled before the result came: give it back
+            lib.cn_cancel(client, op)
+        elif status != _native.OK:
+            detail = _native.text(ffi.cast("char *", text)) if text else ""
+            future.set_exception(_native.error_for(status, detail, publishing))
+        elif data:
+            future.set_result(msgpack.unpackb(ffi.buffer(ffi.cast("uint8_t *", data), length)))
+        else:
+            future.set_result(_native.text(ffi.cast("char *", text)) if text else None)
 
     def free(self) -> None:
         """Ends the queue (its loop closes): the library withdraws what was pending here."""

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 
 # A receive that waits, then two that find their messages waiting (the fence's message came
 # after them on the same subscription), a backlog whose ready receives yield to the loop every
-# READY_STREAK-th time, and which receive function the loop's queue uses.
+# READY_STREAK-th time, waiting members of a group that get a dict each, and which receive and
+# take functions the loop's queue uses.
 ROUND_TRIP = """
 import asyncio, sys
 from channels_nats import NatsChannelLayer, _native, _results
@@ -62,10 +63,22 @@ async def main():
     yielded, spinning = turns - before, False
     await spinner
     assert backlog == list(range(3 * streak)), backlog
-    receive, fastpath = _results.for_running_loop().receive, _native.fastpath()
+    # Waiting members of a group, settled by one take: a dict each (S9), copied or decoded.
+    members = [await layer.new_channel() for _ in range(3)]
+    for member in members:
+        await layer.group_add("mode-group", member)
+    for message in ({"type": "mode.flat", "n": 1}, {"type": "mode.nested", "items": [1]}):
+        waiting = [asyncio.ensure_future(layer.receive(member)) for member in members]
+        await asyncio.sleep(0.2)
+        await layer.group_send("mode-group", message)
+        each = await asyncio.wait_for(asyncio.gather(*waiting), 10)
+        assert each == [message] * 3 and len({id(one) for one in each}) == 3, each
+        assert "items" not in message or len({id(one["items"]) for one in each}) == 3, each
+    queue, fastpath = _results.for_running_loop(), _native.fastpath()
     await layer.close()
-    kind = "fastpath" if fastpath is not None and receive is fastpath.receive else "cffi"
-    print(_native.call_mode(), kind, *got, "yields", yielded)
+    kind = "fastpath" if fastpath is not None and queue.receive is fastpath.receive else "cffi"
+    take = "fastpath" if fastpath is not None and queue._take_compiled is fastpath.take else "cffi"
+    print(_native.call_mode(), kind, take, *got, "yields", yielded)
 
 asyncio.run(main())
 """
@@ -109,13 +122,13 @@ def test_the_compiled_module_receives_in_one_call(tmp_path: Path, nats_url: str)
     compiled_module()
     done = run_round_trip(copy_library(tmp_path, with_module=True), nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["compiled", "fastpath", "1", "2", "3", "yields", "2"]
+    assert done.stdout.split() == ["compiled", "fastpath", "fastpath", "1", "2", "3", "yields", "2"]
 
 
 def test_without_the_module_abi_mode_does_the_same(tmp_path: Path, nats_url: str) -> None:
     done = run_round_trip(copy_library(tmp_path, with_module=False), nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3", "yields", "2"]
+    assert done.stdout.split() == ["abi", "cffi", "cffi", "1", "2", "3", "yields", "2"]
 
 
 def test_a_module_built_from_another_header_is_not_used(tmp_path: Path, nats_url: str) -> None:
@@ -125,7 +138,7 @@ def test_a_module_built_from_another_header_is_not_used(tmp_path: Path, nats_url
     header.write_text(header.read_text(encoding="utf-8") + "\n/* another build */\n", encoding="utf-8")
     done = run_round_trip(library, nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3", "yields", "2"]
+    assert done.stdout.split() == ["abi", "cffi", "cffi", "1", "2", "3", "yields", "2"]
     assert "was built from another channels_nats.h" in done.stderr
 
 
@@ -135,4 +148,4 @@ def test_a_module_beside_a_renamed_library_is_not_used(tmp_path: Path, nats_url:
     renamed = library.rename(tmp_path / "libchannels_nats-copy.so")
     done = run_round_trip(renamed, nats_url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["abi", "cffi", "1", "2", "3", "yields", "2"]
+    assert done.stdout.split() == ["abi", "cffi", "cffi", "1", "2", "3", "yields", "2"]
