@@ -52,7 +52,7 @@ BASELINE_ENV = {"PYTHONPATH": BASELINE_SRC, "CHANNELS_NATS_LIBRARY": f"{BASELINE
 PYTHON_LAYERS = ("nats", "baseline", "redis", "redis-pubsub", "inmemory")
 ROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 
-ALL_SCENARIOS = ("fanout", "saturation", "cluster", "pingpong", "throughput", "connections", "memory")
+ALL_SCENARIOS = ("fanout", "saturation", "cluster", "pingpong", "throughput", "connections", "memory", "wake")
 ALL_LAYERS = ("nats", "baseline", "reference", "redis", "redis-pubsub", "inmemory", "raw")
 DEFAULT_LAYERS = ("nats", "reference", "redis", "redis-pubsub", "inmemory", "raw")
 # Which layers each scenario runs for (raw: bench/rawnats; memory: bench/memory.py).
@@ -64,6 +64,7 @@ SCENARIO_LAYERS = {
     "throughput": ("nats", "baseline", "reference", "redis", "redis-pubsub", "inmemory", "raw"),
     "connections": ("nats", "baseline", "reference", "redis", "redis-pubsub"),
     "memory": ("nats", "reference", "redis", "redis-pubsub", "inmemory"),
+    "wake": ("nats", "baseline", "reference"),
 }
 # The figure each table row shows, per scenario, and whether lower is better.
 HEADLINE: dict[str, list[tuple[str, bool]]] = {
@@ -74,6 +75,7 @@ HEADLINE: dict[str, list[tuple[str, bool]]] = {
     "throughput": [("messages_per_s", False)],
     "connections": [("connections_opened", True)],
     "memory": [("rss_per_consumer_kb", True)],
+    "wake": [("cpu_us_per_delivery", True), ("floor_cpu_us_per_delivery", True), ("floor_multiple", True)],
 }
 
 
@@ -400,6 +402,8 @@ def scenario_params(args: argparse.Namespace, scenario: str) -> list[dict[str, A
         return [{"size": 100, "count": args.count}, {"size": 65536, "count": max(100, args.count // 5)}]
     if scenario == "connections":
         return [{"calls": 20}]
+    if scenario == "wake":
+        return [{"members": 2000, "messages": 30}]
     return [{"connections": args.consumers, "procs": 2}]  # memory
 
 
@@ -542,6 +546,8 @@ def row_label(scenario: str, params: dict[str, Any]) -> str:
         return f"pingpong K={params['rounds']}"
     if scenario == "connections":
         return f"async_to_sync x{params['calls']}"
+    if scenario == "wake":
+        return f"wake cost N={params['members']} M={params['messages']}"
     return scenario
 
 
@@ -689,6 +695,7 @@ ESTIMATE = {
     "throughput": 2.0,
     "connections": 2.0,
     "memory": 20.0,
+    "wake": 8.0,
 }
 
 
@@ -710,7 +717,7 @@ chart beside its JSON instead."""
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenarios", default="fanout,saturation,cluster,pingpong,throughput,connections,memory")
+    parser.add_argument("--scenarios", default="fanout,saturation,cluster,pingpong,throughput,connections,memory,wake")
     parser.add_argument("--layers", default=",".join(DEFAULT_LAYERS), help="(baseline comes with --baseline)")
     parser.add_argument(
         "--baseline",
@@ -805,7 +812,8 @@ def main() -> None:
         install_baseline(Baseline.rev)
     if ("reference" in layers and "reference" not in missing) or Where.in_root:
         (ROOT / "opt/bench").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(BENCH / "scenarios.py", ROOT / "opt/bench/scenarios.py")
+        for script in ("scenarios.py", "wake_cost.py"):
+            shutil.copy2(BENCH / script, ROOT / "opt/bench" / script)
         mount.ensure()
     info = measured(missing)  # before the runs: pip show in the root wants /proc
     results: list[dict[str, Any]] = []

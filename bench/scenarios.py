@@ -2,7 +2,7 @@
 
     python bench/scenarios.py <scenario> --layer <layer> --url <server url> [options]
 
-Scenarios: fanout, saturation, pingpong, throughput, connections. Layers: nats (this
+Scenarios: fanout, saturation, pingpong, throughput, connections, wake. Layers: nats (this
 repository's layer), reference (the nats-py layer, PyPI channels-nats 0.10.x, run inside the
 trixie root), redis (channels_redis RedisChannelLayer), redis-pubsub (RedisPubSubChannelLayer),
 inmemory (InMemoryChannelLayer; throughput only, the others need several processes).
@@ -12,7 +12,8 @@ Progress goes to stderr; the last stdout line is one JSON object:
 
 Standard library, channels and the layer under test only: this file also runs on Python 3.13
 inside the reference root, where channels_redis and this repository's package are absent, so
-every layer import happens inside make_layer().
+every layer import happens inside make_layer(). wake runs bench/wake_cost.py, which is copied
+beside this file there.
 """
 
 from __future__ import annotations
@@ -423,6 +424,30 @@ def run_connections(args: argparse.Namespace) -> None:
     emit("connections", args.layer, {"calls": args.calls}, metrics)
 
 
+# --- wake cost -------------------------------------------------------------------------------
+
+
+def run_wake(args: argparse.Namespace) -> None:
+    """bench/wake_cost.py's measure and floor, in one process: the CPU per delivery of waking
+    waiting receives with a group message, and that as a multiple of the floor (bare futures)."""
+    if args.layer not in ("nats", "reference"):
+        raise SystemExit("wake: wake_cost.py measures the layers named channels_nats (nats, reference)")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import wake_cost  # pyright: ignore[reportMissingImports]
+
+    log(f"wake: {args.members} members, {args.messages} messages")
+    layer = asyncio.run(wake_cost.measure(args.url, args.members, args.messages, False))
+    floor = asyncio.run(wake_cost.measure_floor(args.members, args.messages, False))
+    metrics = {
+        "cpu_us_per_delivery": layer["cpu_us_per_delivery"],
+        "wall_us_per_delivery": layer["wall_us_per_delivery"],
+        "floor_cpu_us_per_delivery": floor["cpu_us_per_delivery"],
+        "floor_multiple": layer["cpu_us_per_delivery"] / floor["cpu_us_per_delivery"],
+        "deliveries": layer["deliveries"],
+    }
+    emit("wake", args.layer, {"members": args.members, "messages": args.messages}, metrics)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="scenario", required=True)
@@ -457,6 +482,9 @@ def main() -> None:
     p = common("connections", "async_to_sync(group_send) x calls from sync code: server connections opened")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--monitor", default="", help="nats-server monitoring URL (http://127.0.0.1:<port>)")
+    p = common("wake", "one process wakes M times N waiting receives: CPU per delivery against the floor")
+    p.add_argument("--members", type=int, default=2000)
+    p.add_argument("--messages", type=int, default=30)
     args = parser.parse_args()
 
     if args.scenario in ("fanout", "saturation"):
@@ -469,6 +497,8 @@ def main() -> None:
         run_pingpong(args)
     elif args.scenario == "throughput":
         run_throughput(args)
+    elif args.scenario == "wake":
+        run_wake(args)
     else:
         run_connections(args)
 
