@@ -81,7 +81,7 @@ class LoopQueue:
             fastpath.configure(msgpack.unpackb, READY_STREAK)
             self.receive = fastpath.receive
             self._take_compiled = fastpath.take
-        self._settle_other_result = self._settle_other
+        self._settle_other_result = self._settle_other  # one bound method for every take
         self._cn_receive = lib.cn_receive
         self._on_readable_call = lib.cn_on_readable
         self._null = ffi.NULL
@@ -268,8 +268,9 @@ class LoopQueue:
                 future.set_result(first)
 
     def _settle_other(self, op: int, closure: int, status: int, text: int, data: int, length: int) -> None:
-        """Settles a result that is not a received message: a close's, a failure, a send's or
-        another operation's (text and data are addresses, lent until the next take)."""
+        """Settles a result that is not a received message: a close's, a failure, or a result
+        without a body (text is an address, lent until the next take; a result with a body and
+        no closure is a received message, which the callers settle themselves)."""
         ffi, lib = _native.load()
         if closure == CLOSE:
             closed = self.closing.pop(op, None)
@@ -285,9 +286,7 @@ class LoopQueue:
         elif status != _native.OK:
             detail = _native.text(ffi.cast("char *", text)) if text else ""
             future.set_exception(_native.error_for(status, detail, publishing))
-        elif data:
-            future.set_result(msgpack.unpackb(ffi.buffer(ffi.cast("uint8_t *", data), length)))
-        else:
+        else:  # no body: a send's or a group_add's (None), a new_channel's (the name)
             future.set_result(_native.text(ffi.cast("char *", text)) if text else None)
 
     def free(self) -> None:
