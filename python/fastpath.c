@@ -81,6 +81,13 @@ static PyObject *fastpath_configure(PyObject *module, PyObject *const *args, Py_
     Py_RETURN_NONE;
 }
 
+/* A handle (cn_client, cn_queue) from a Python int; 0 with an exception set when it is not one.
+   The library gives out no handle 0. */
+static unsigned long long fastpath_handle(PyObject *value) {
+    unsigned long long handle = PyLong_AsUnsignedLongLong(value);
+    return handle == (unsigned long long)-1 && PyErr_Occurred() ? 0 : handle;
+}
+
 /* Whether every value of a decoded message is of a type its members may share (str, int,
    float, bool, bytes, None): then each member gets a copy of the first decode, else a decode of
    its own (Python's _results.IMMUTABLE). */
@@ -133,12 +140,8 @@ static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_RuntimeError, "receive: configure() was not called");
         return NULL;
     }
-    unsigned long long client = PyLong_AsUnsignedLongLong(args[0]);
-    if (client == (unsigned long long)-1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    unsigned long long queue = PyLong_AsUnsignedLongLong(args[2]);
-    if (queue == (unsigned long long)-1 && PyErr_Occurred()) {
+    unsigned long long client = fastpath_handle(args[0]), queue = fastpath_handle(args[2]);
+    if (PyErr_Occurred()) {
         return NULL;
     }
     char *channel;
@@ -185,8 +188,8 @@ static PyObject *fastpath_take(PyObject *module, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_RuntimeError, "take: configure() was not called");
         return NULL;
     }
-    unsigned long long queue = PyLong_AsUnsignedLongLong(args[0]);
-    if (queue == (unsigned long long)-1 && PyErr_Occurred()) {
+    unsigned long long queue = fastpath_handle(args[0]);
+    if (PyErr_Occurred()) {
         return NULL;
     }
     long batch = PyLong_AsLong(args[1]);
@@ -248,9 +251,9 @@ static PyObject *fastpath_take(PyObject *module, PyObject *const *args, Py_ssize
             goto failed;
         }
         if (cancelled) {
-            unsigned long long handle = PyLong_AsUnsignedLongLong(client);
+            unsigned long long handle = fastpath_handle(client);
             Py_DECREF(entry);
-            if (handle == (unsigned long long)-1 && PyErr_Occurred()) {
+            if (PyErr_Occurred()) {
                 goto failed;
             }
             cn_cancel((cn_client)handle, r->op);

@@ -83,6 +83,7 @@ class LoopQueue:
             self._take_compiled = fastpath.take
         self._settle_other_result = self._settle_other  # one bound method for every take
         self._cn_receive = lib.cn_receive
+        self._cn_cancel = lib.cn_cancel
         self._on_readable_call = lib.cn_on_readable
         self._null = ffi.NULL
         self._ffi = ffi
@@ -243,7 +244,7 @@ class LoopQueue:
 
     def _settle(self, records: Any) -> None:
         """Settles the results of a take made through cffi, as the compiled module's take does."""
-        waiting, unpackb, lib = self.waiting, msgpack.unpackb, _native.load()[1]
+        waiting, unpackb = self.waiting, msgpack.unpackb
         # The members of one group message share its body and come one after another. Its first
         # decode goes to the first member and, when its values are all IMMUTABLE, a copy of it to
         # each of the others: no task runs before all of them are settled, so none changed it yet.
@@ -257,7 +258,7 @@ class LoopQueue:
                 continue
             future, client, _ = entry
             if future.done():  # its caller was cancelled before the result came: give it back
-                lib.cn_cancel(client, op)
+                self._cn_cancel(client, op)
             elif data == last_data:  # the next member of that group message: the same body
                 if flat is None:
                     flat = all(type(value) in IMMUTABLE for value in first.values())
@@ -271,7 +272,6 @@ class LoopQueue:
         """Settles a result that is not a received message: a close's, a failure, or a result
         without a body (text is an address, lent until the next take; a result with a body and
         no closure is a received message, which the callers settle themselves)."""
-        ffi, lib = _native.load()
         if closure == CLOSE:
             closed = self.closing.pop(op, None)
             if closed is not None and not closed.done():
@@ -282,12 +282,12 @@ class LoopQueue:
             return
         future, client, publishing = entry
         if future.done():  # its caller was cancelled before the result came: give it back
-            lib.cn_cancel(client, op)
+            self._cn_cancel(client, op)
         elif status != _native.OK:
-            detail = _native.text(ffi.cast("char *", text)) if text else ""
+            detail = _native.text(self._ffi.cast("char *", text)) if text else ""
             future.set_exception(_native.error_for(status, detail, publishing))
         else:  # no body: a send's or a group_add's (None), a new_channel's (the name)
-            future.set_result(_native.text(ffi.cast("char *", text)) if text else None)
+            future.set_result(_native.text(self._ffi.cast("char *", text)) if text else None)
 
     def free(self) -> None:
         """Ends the queue (its loop closes): the library withdraws what was pending here."""
