@@ -219,14 +219,14 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 		return fail(err)
 	}
 	// A receive that finds a message waiting (the common case) makes no op and allocates
-	// nothing: the op is made only when the receive has to wait.
-	var o *op
-	msg, lop, err := l.StartReceiveWith(lent, func() func(layer.Message, error) {
-		o = c.newOp(l, q, closure)
+	// nothing: the op is made only when the receive has to wait, with the layer's record of it.
+	var o *receiveOp
+	msg, lop, err := l.StartReceiveInto(lent, func() (*layer.Receipt, layer.Receiver) {
+		o = &receiveOp{op: op{id: nextHandle(), c: c, q: q, closure: closure, l: l}}
 		if opOut != nil {
 			*opOut = C.cn_op(o.id) // before a result taken on another thread can name it
 		}
-		return o.receiver
+		return &o.receipt, o
 	})
 	switch {
 	case err != nil:

@@ -217,8 +217,14 @@ func (o *op) giveUp() {
 	}
 }
 
-// receiver is the layer's callback for o's pending receive.
-func (o *op) receiver(m layer.Message, err error) { o.complete(err, "", m.Body) }
+// receiveOp is a pending receive: the op and the layer's record of it, in one allocation.
+type receiveOp struct {
+	op
+	receipt layer.Receipt
+}
+
+// Received is the layer's callback for the receive.
+func (r *receiveOp) Received(m layer.Message, err error) { r.complete(err, "", m.Body) }
 
 // done is the layer's callback for o's pending send or group_add.
 func (o *op) done(err error) { o.complete(err, "", nil) }

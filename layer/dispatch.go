@@ -182,7 +182,7 @@ func (l *Layer) deliverHandoffs(wait bool) bool {
 			l.cfg.Deliveries(true)
 		}
 		for _, h := range batch {
-			l.handTo(h.w.op, h.w.deliver, h.msg)
+			l.handTo(h.w.op, h.w.to, h.msg)
 		}
 		if l.cfg.Deliveries != nil {
 			l.cfg.Deliveries(false)
@@ -195,7 +195,7 @@ func (l *Layer) deliverHandoffs(wait bool) bool {
 
 // handTo delivers msg to a receive, or gives it back when the receive was cancelled after the
 // message was handed over (S14).
-func (l *Layer) handTo(op *Op, deliver func(Message, error), msg Message) {
+func (l *Layer) handTo(op *Op, to Receiver, msg Message) {
 	if !op.finish() {
 		l.giveBack(msg)
 		return
@@ -206,7 +206,7 @@ func (l *Layer) handTo(op *Op, deliver func(Message, error), msg Message) {
 	} else {
 		op.retractWith(func() { l.giveBack(msg) })
 	}
-	deliver(msg, nil)
+	to.Received(msg, nil)
 }
 
 // route routes m to its mailboxes and waiting receives, and reports true; false when wait is

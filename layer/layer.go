@@ -299,7 +299,7 @@ func (l *Layer) Close() error {
 	l.routines.Wait() // the dispatcher has delivered its last message
 	for _, w := range ended {
 		if w.op.finish() {
-			w.deliver(Message{}, ErrClosed)
+			w.to.Received(Message{}, ErrClosed)
 		}
 	}
 	l.link.drain(l.cfg.Connection.DrainTimeout)

@@ -15,22 +15,25 @@ type entry struct {
 // waited expiry or longer since it reached this process is dropped.
 func expired(at, now time.Time, expiry time.Duration) bool { return now.Sub(at) >= expiry }
 
-// waiter is one pending receive. deliver is called outside the layer lock, once, with the
+// waiter is one pending receive. Its receiver is called outside the layer lock, once, with the
 // message or with the error that ended the receive, unless its op was cancelled first.
 type waiter struct {
-	l       *Layer
-	mb      *mailbox
-	op      *Op
-	deliver func(Message, error)
-	listed  bool        // still in mb.waiters
-	msg     Message     // the message it was handed, for Retract
-	handed  atomic.Bool // msg was delivered and can still be given back
+	l      *Layer
+	mb     *mailbox
+	op     *Op
+	to     Receiver
+	listed bool        // still in mb.waiters
+	msg    Message     // the message it was handed, for Retract
+	handed atomic.Bool // msg was delivered and can still be given back
 }
 
-// pendingReceive is a receive that waits in a mailbox, with its Op, in one allocation.
-type pendingReceive struct {
+// Receipt is the layer's record of a receive that waits: its Op and its place in a mailbox. A
+// host that keeps a record of its own for each waiting receive embeds a Receipt in it and hands
+// it to StartReceiveInto, so that a receive that waits costs one allocation. The zero value is
+// ready to use; a Receipt serves one receive.
+type Receipt struct {
 	Op
-	waiter
+	w waiter
 }
 
 // unlist removes w from its mailbox (its receive was cancelled).
@@ -126,7 +129,11 @@ func (mb *mailbox) takeWaiter() *waiter {
 	for len(mb.waiters) > 0 {
 		w := mb.waiters[0]
 		mb.waiters[0] = nil
-		mb.waiters = mb.waiters[1:]
+		if len(mb.waiters) == 1 {
+			mb.waiters = mb.waiters[:0] // the next receive that waits reuses the array
+		} else {
+			mb.waiters = mb.waiters[1:]
+		}
 		w.listed = false
 		if w.op.pending() {
 			return w

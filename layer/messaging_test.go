@@ -1800,10 +1800,11 @@ func TestMessagingReceiveReadyMessageReturnsAtOnce(t *testing.T) {
 	}
 }
 
-// StartReceiveWith makes the delivery callback only for a receive that has to wait: a receive
-// that finds a message (oldest first) calls newDeliver not at all; one that finds none, or only
-// expired ones, calls it once and gets the next message through it; a closed layer calls it never.
-func TestMessagingStartReceiveWith(t *testing.T) {
+// StartReceiveInto asks for a Receipt only for a receive that has to wait: a receive that finds a
+// message (oldest first) calls newReceipt not at all; one that finds none, or only expired ones,
+// calls it once, returns that Receipt's Op and gets the next message through its Receiver; a
+// closed layer calls it never.
+func TestMessagingStartReceiveInto(t *testing.T) {
 	s := startServer(t)
 	cfg := testConfig(nil, s.url())
 	cfg.Expiry = 300 * time.Millisecond
@@ -1812,14 +1813,16 @@ func TestMessagingStartReceiveWith(t *testing.T) {
 	ch := msgNewChannel(t, a)
 	made := 0
 	got := make(chan Message, 1)
-	newDeliver := func() func(Message, error) {
+	var receipt *Receipt
+	newReceipt := func() (*Receipt, Receiver) {
 		made++
-		return func(m Message, err error) {
+		receipt = new(Receipt)
+		return receipt, deliverFunc(func(m Message, err error) {
 			if err != nil {
 				t.Errorf("delivered %v", err)
 			}
 			got <- m
-		}
+		})
 	}
 	typeOf := func(m Message) any {
 		var v map[string]any
@@ -1833,22 +1836,21 @@ func TestMessagingStartReceiveWith(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "two messages to arrive", func() bool { return msgQueued(a, ch) == 2 })
 	for _, want := range []string{"first", "second"} {
-		msg, op, err := a.StartReceiveWith(ch, newDeliver)
+		msg, op, err := a.StartReceiveInto(ch, newReceipt)
 		if err != nil || op != nil || typeOf(msg) != want || msg.Channel != ch {
 			t.Fatalf("got %v on %q (op %v, %v), want %s waiting on %q", typeOf(msg), msg.Channel, op, err, want, ch)
 		}
 	}
 	if made != 0 {
-		t.Fatalf("newDeliver called %d time(s) by receives that found a message", made)
+		t.Fatalf("newReceipt called %d time(s) by receives that found a message", made)
 	}
 	msgSend(t, b, ch, map[string]any{"type": "stale"})
 	waitFor(t, 5*time.Second, "the stale message to arrive", func() bool { return msgQueued(a, ch) == 1 })
 	time.Sleep(400 * time.Millisecond) // past expiry (not an assertion)
-	if _, op, err := a.StartReceiveWith(ch, newDeliver); err != nil || op == nil {
+	if _, op, err := a.StartReceiveInto(ch, newReceipt); err != nil || op == nil {
 		t.Fatalf("a receive that found only an expired message: op %v, %v; want it waiting", op, err)
-	}
-	if made != 1 {
-		t.Fatalf("newDeliver called %d time(s) by a receive that waits, want 1", made)
+	} else if made != 1 || op != &receipt.Op {
+		t.Fatalf("newReceipt called %d time(s) by a receive that waits, want 1, and its Receipt's Op returned", made)
 	}
 	if got := a.Stats().Dropped.Expired; got != 1 {
 		t.Fatalf("Dropped.Expired = %d, want 1", got)
@@ -1863,8 +1865,8 @@ func TestMessagingStartReceiveWith(t *testing.T) {
 		t.Fatal("the waiting receive got nothing")
 	}
 	_ = a.Close()
-	if _, _, err := a.StartReceiveWith(ch, newDeliver); !errors.Is(err, ErrClosed) || made != 1 {
-		t.Fatalf("on a closed layer: %v, newDeliver called %d time(s); want ErrClosed and no call", err, made)
+	if _, _, err := a.StartReceiveInto(ch, newReceipt); !errors.Is(err, ErrClosed) || made != 1 {
+		t.Fatalf("on a closed layer: %v, newReceipt called %d time(s); want ErrClosed and no call", err, made)
 	}
 }
 

@@ -18,8 +18,8 @@ type Op struct {
 	withdraw func()
 	// undo takes back what the finished operation did (see Retract); set when it finishes.
 	undo atomic.Pointer[func()]
-	// recv is the receive that waits in a mailbox when the Op is one (most are): Cancel and
-	// Retract work on it directly, so that such a receive costs one allocation, not four.
+	// recv is the receive that waits in a mailbox when the Op is a Receipt's (most are): Cancel
+	// and Retract work on it directly, with no closure to allocate.
 	recv *waiter
 }
 

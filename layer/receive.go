@@ -19,6 +19,19 @@ type Message struct {
 	at time.Time
 }
 
+// Receiver is where a receive that waits delivers its result (see StartReceiveInto).
+type Receiver interface {
+	// Received is called exactly once, from a library goroutine, with the next message or with
+	// the error that ended the receive, unless the receive's Op is cancelled first. It must not
+	// block and must not call Close.
+	Received(Message, error)
+}
+
+// deliverFunc makes a function a Receiver.
+type deliverFunc func(Message, error)
+
+func (f deliverFunc) Received(m Message, err error) { f(m, err) }
+
 // StartReceive begins a receive on channel. When a message is waiting it is returned at once
 // with a nil *Op. Otherwise deliver is called exactly once, later, from a library goroutine, with
 // the next message or with the error that ended the receive (ErrClosed, or a failed subscription
@@ -32,15 +45,16 @@ type Message struct {
 // StartReceive keeps a copy of channel, never channel itself: a host may pass a name it only
 // lends for the call.
 func (l *Layer) StartReceive(channel string, deliver func(Message, error)) (Message, *Op, error) {
-	return l.StartReceiveWith(channel, func() func(Message, error) { return deliver })
+	return l.StartReceiveInto(channel, func() (*Receipt, Receiver) { return new(Receipt), deliverFunc(deliver) })
 }
 
-// StartReceiveWith is StartReceive for a host that makes its delivery callback only when the
-// receive has to wait, so that a receive that finds a message waiting allocates nothing and looks
-// its mailbox up once. newDeliver is called at most once, and only for a receive that returns an
-// *Op, before anything can be delivered to it; it runs under the layer's lock and must not call
-// the layer.
-func (l *Layer) StartReceiveWith(channel string, newDeliver func() func(Message, error)) (Message, *Op, error) {
+// StartReceiveInto is StartReceive for a host that keeps a record of its own for each waiting
+// receive, with a Receipt in it: a receive that finds a message waiting allocates nothing and
+// looks its mailbox up once, and one that waits allocates only the host's record. newReceipt is
+// called at most once, and only for a receive that returns an *Op (the Receipt's), before
+// anything can be delivered to it; it returns an unused Receipt and where the result goes. It runs
+// under the layer's lock and must not call the layer.
+func (l *Layer) StartReceiveInto(channel string, newReceipt func() (*Receipt, Receiver)) (Message, *Op, error) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -69,22 +83,23 @@ func (l *Layer) StartReceiveWith(channel string, newDeliver func() func(Message,
 		mb.feed = s
 	}
 	if s.confirmed {
-		msg, op := l.takeOrWait(mb, now, newDeliver)
+		msg, op := l.takeOrWait(mb, now, newReceipt)
 		l.mu.Unlock()
 		return msg, op, nil
 	}
 	mb.subscribing++
-	deliver := newDeliver()
+	r, to := newReceipt()
 	l.mu.Unlock()
 
-	// The subscription must be confirmed first; the receive waits for it on a goroutine.
+	// The subscription must be confirmed first; the receive waits for it on a goroutine. Until
+	// it waits in the mailbox, Cancel withdraws it through op.withdraw (op.recv stays nil).
 	ctx, cancel := context.WithCancel(l.ctx)
-	var w *waiter // set under l.mu once the receive waits in the mailbox
-	op := &Op{}
+	listed := false // set under l.mu once the receive waits in the mailbox
+	op := &r.Op
 	op.withdraw = func() {
 		cancel()
 		l.mu.Lock()
-		if w != nil && mb.removeWaiter(w) {
+		if listed && mb.removeWaiter(&r.w) {
 			l.readerLeft(mb, time.Now(), true)
 		}
 		l.mu.Unlock()
@@ -99,10 +114,11 @@ func (l *Layer) StartReceiveWith(channel string, newDeliver func() func(Message,
 				err = ErrClosed
 			} else if msg, ok := l.popLocked(mb, time.Now()); ok {
 				l.mu.Unlock()
-				l.handTo(op, deliver, msg)
+				l.handTo(op, to, msg)
 				return
 			} else {
-				w = l.addWaiter(mb, op, deliver)
+				l.listWaiter(&r.w, mb, op, to, time.Now())
+				listed = true
 				l.mu.Unlock()
 				return
 			}
@@ -115,7 +131,7 @@ func (l *Layer) StartReceiveWith(channel string, newDeliver func() func(Message,
 			err = ctx.Err()
 		}
 		if op.finish() {
-			deliver(Message{}, err)
+			to.Received(Message{}, err)
 		}
 	})
 	return Message{}, op, nil
@@ -132,26 +148,20 @@ func liveFeed(mb *mailbox) *subscription {
 
 // takeOrWait returns the oldest live message of mb, or makes the receive wait for one. l.mu
 // must be held.
-func (l *Layer) takeOrWait(mb *mailbox, now time.Time, newDeliver func() func(Message, error)) (Message, *Op) {
+func (l *Layer) takeOrWait(mb *mailbox, now time.Time, newReceipt func() (*Receipt, Receiver)) (Message, *Op) {
 	if msg, ok := l.popLocked(mb, now); ok {
 		return msg, nil
 	}
-	p := &pendingReceive{}
-	p.recv = &p.waiter
-	l.listWaiter(&p.waiter, mb, &p.Op, newDeliver(), now)
-	return Message{}, &p.Op
+	r, to := newReceipt()
+	r.recv = &r.w
+	l.listWaiter(&r.w, mb, &r.Op, to, now)
+	return Message{}, &r.Op
 }
 
-// addWaiter lists a receive in mb. l.mu must be held.
-func (l *Layer) addWaiter(mb *mailbox, op *Op, deliver func(Message, error)) *waiter {
-	w := &waiter{}
-	l.listWaiter(w, mb, op, deliver, time.Now())
-	return w
-}
-
-func (l *Layer) listWaiter(w *waiter, mb *mailbox, op *Op, deliver func(Message, error), now time.Time) {
+// listWaiter makes w the newest receive waiting in mb. l.mu must be held.
+func (l *Layer) listWaiter(w *waiter, mb *mailbox, op *Op, to Receiver, now time.Time) {
 	mb.readAt = now
-	w.l, w.mb, w.op, w.deliver, w.listed = l, mb, op, deliver, true
+	w.l, w.mb, w.op, w.to, w.listed = l, mb, op, to, true
 	mb.waiters = append(mb.waiters, w)
 }
 
