@@ -15,7 +15,15 @@
 static int cn_forked(void) { return 0; } /* Windows has no fork */
 #else
 #include <pthread.h>
+#if defined(__linux__)
+/* The Go runtime's own thread-local variable uses the initial-exec model, which makes the whole
+   library's TLS block static (the DT_FLAGS STATIC_TLS flag): the loader sets it up in every
+   thread at dlopen. Initial-exec for ours too costs no more room, and their accesses become
+   plain loads instead of a __tls_get_addr call at the start of every cn_* call. */
+#define CN_THREAD_LOCAL __thread __attribute__((tls_model("initial-exec")))
+#else
 #define CN_THREAD_LOCAL __thread
+#endif
 /* Set in the child of every fork. A flag, not a getpid() per call: getpid is a system call. */
 static volatile int cn_child_of_fork;
 static void cn_note_fork(void) { cn_child_of_fork = 1; }
