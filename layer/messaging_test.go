@@ -1800,6 +1800,28 @@ func TestMessagingReceiveReadyMessageReturnsAtOnce(t *testing.T) {
 	}
 }
 
+// A receive that waits allocates nothing in the layer but the host's Receipt, and cancelling it
+// nothing: the mailbox keeps its waiters array for the next receive that waits.
+func TestMessagingWaitingReceiveAllocatesOnlyItsReceipt(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	ch := msgNewChannel(t, a)
+	to := deliverFunc(func(Message, error) { t.Error("a cancelled receive was delivered to") })
+	newReceipt := func() (*Receipt, Receiver) { return new(Receipt), to }
+	allocs := testing.AllocsPerRun(200, func() {
+		_, op, err := a.StartReceiveInto(ch, newReceipt)
+		if err != nil || op == nil {
+			t.Fatalf("StartReceiveInto(%s) on an empty mailbox: op %v, %v; want it waiting", ch, op, err)
+		}
+		if !op.Cancel() {
+			t.Fatal("Cancel of a waiting receive returned false")
+		}
+	})
+	if allocs != 1 {
+		t.Fatalf("a receive that waits and is cancelled made %v allocations, want 1 (its Receipt)", allocs)
+	}
+}
+
 // StartReceiveInto asks for a Receipt only for a receive that has to wait: a receive that finds a
 // message (oldest first) calls newReceipt not at all; one that finds none, or only expired ones,
 // calls it once, returns that Receipt's Op and gets the next message through its Receiver; a
