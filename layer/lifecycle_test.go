@@ -902,14 +902,7 @@ func TestLifecycleBacklogOutlivesTheGrace(t *testing.T) {
 	a := connect(t, cfg)
 	b := connect(t, testConfig(nil, s.url()))
 	ctx := ctxT(t, 10*time.Second)
-	drained, err := a.NewChannel(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	left, err := a.NewChannel(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	drained, left := msgNewChannel(t, a), msgNewChannel(t, a)
 	const plain = "backlog-plain"
 	first := lcRecvAsync(ctx, a, plain) // subscribes
 	waitFor(t, 5*time.Second, "the plain channel's receive waiting", func() bool { return lcWaiters(a, plain) == 1 })
