@@ -49,6 +49,9 @@ func cngo_connect(configJSON *C.char, log C.cn_log_callback, logClosure C.uintpt
 	}
 	c := &client{id: nextHandle(), ops: map[uint64]*op{}}
 	c.logs.start(log, logClosure)
+	if warning := stackBoundsWarning(mainThreadMaps); warning != "" {
+		c.logs.add(layer.LevelWarning, warning)
+	}
 	cfg.Log = c.logRecord
 	cfg.Deliveries = c.deliveries
 	ctx, cancel := context.WithCancel(context.Background())

@@ -123,3 +123,22 @@ func TestGCPercentForPutsTheGoalAtTheFloor(t *testing.T) {
 		}
 	}
 }
+
+// A host that calls from its main thread where /proc is missing is told why its calls are slow.
+func TestStackBoundsWarningNamesTheCause(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		if got := stackBoundsWarning("/no/such/maps"); got != "" {
+			t.Fatalf("stackBoundsWarning on %s = %q, want no warning: glibc is Linux's", runtime.GOOS, got)
+		}
+		return
+	}
+	if got := stackBoundsWarning(mainThreadMaps); got != "" {
+		t.Fatalf("stackBoundsWarning(%s) = %q with /proc mounted, want no warning", mainThreadMaps, got)
+	}
+	got := stackBoundsWarning("/no/such/maps")
+	for _, want := range []string{"main thread", "/no/such/maps", "no such file", "mount /proc"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("stackBoundsWarning without the file = %q, want it to say %q", got, want)
+		}
+	}
+}

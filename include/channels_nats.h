@@ -67,6 +67,11 @@
  * GOMAXPROCS or GOGC in the environment when the library loads turns the matching setting off
  * and has Go's own meaning for the library. The host's threads and heap are not touched.
  *
+ * On Linux, run with /proc mounted. On each call from a host thread the runtime asks for that
+ * thread's stack bounds until it once gets them, and glibc reads those of a process's main
+ * thread from /proc/self/maps. Without /proc every call from the main thread therefore begins
+ * with a failed open, a few microseconds. cn_connect() logs a warning then.
+ *
  * Processes
  * ---------
  * A process forked after the library was loaded cannot use it: every call in the child returns
