@@ -428,27 +428,40 @@ def run_connections(args: argparse.Namespace) -> None:
 
 
 def run_wake(args: argparse.Namespace) -> None:
-    """bench/wake_cost.py's measure and floor, in one process: the CPU per delivery of waking
-    waiting receives with a group message, and that as a multiple of the floor (bare futures)."""
+    """bench/wake_cost.py's measure between two of its floors, in one process: the CPU per delivery
+    of waking waiting receives with a group message, and that as a multiple of the floor (bare
+    futures)."""
     if args.layer not in ("nats", "reference"):
         raise SystemExit("wake: wake_cost.py measures the layers named channels_nats (nats, reference)")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import wake_cost  # pyright: ignore[reportMissingImports]
 
     log(f"wake: {args.members} members, {args.messages} messages")
-    layer = asyncio.run(wake_cost.measure(args.url, args.members, args.messages, False))
-    floor = asyncio.run(wake_cost.measure_floor(args.members, args.messages, False))
+    measured = wake_cost.measure_with_floor(args.url, args.members, args.messages, False)
     metrics = {
-        "cpu_us_per_delivery": layer["cpu_us_per_delivery"],
-        "wall_us_per_delivery": layer["wall_us_per_delivery"],
-        "floor_cpu_us_per_delivery": floor["cpu_us_per_delivery"],
-        "floor_multiple": layer["cpu_us_per_delivery"] / floor["cpu_us_per_delivery"],
-        "deliveries": layer["deliveries"],
+        key: measured[key]
+        for key in (
+            "cpu_us_per_delivery",
+            "wall_us_per_delivery",
+            "floor_cpu_us_per_delivery",
+            "floor_multiple",
+            "deliveries",
+        )
     }
     emit("wake", args.layer, {"members": args.members, "messages": args.messages}, metrics)
 
 
+def require_proc() -> None:
+    """Refuses to measure on Linux without /proc, which no real deployment lacks: there the Go
+    runtime of this layer's library asks glibc for the stack bounds of a main thread on each of
+    its calls into the library, glibc looks for them in /proc/self/maps, and the failed open
+    costs microseconds a call (bench/README.md)."""
+    if sys.platform.startswith("linux") and not os.path.exists("/proc/self/maps"):
+        raise SystemExit("bench: /proc is not mounted here; mount it first (bench/run.py does in the reference root)")
+
+
 def main() -> None:
+    require_proc()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="scenario", required=True)
 
