@@ -3,8 +3,11 @@
 package abitest
 
 import (
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -348,4 +351,53 @@ func TestConnectQueueFreed(t *testing.T) {
 	if readable(q.rfd, 100*time.Millisecond) {
 		t.Errorf("notify byte on a freed queue")
 	}
+}
+
+// noProcEnv marks the run of this binary that TestConnectWithoutProcWarns starts in a mount
+// namespace of its own.
+const noProcEnv = "CN_ABITEST_WITHOUT_PROC"
+
+// Where /proc is missing, every call from a process's main thread pays a failed open of
+// /proc/self/maps (the Go runtime asks glibc for the thread's stack bounds until it gets them),
+// and cn_connect says so in the client's log; with /proc it says nothing. The test runs again in
+// a mount namespace of its own, an empty tmpfs over /proc there; that needs root, like the
+// Python suite's interop tests.
+func TestConnectWithoutProcWarns(t *testing.T) {
+	connect := func() []logRecord {
+		sink := newLogSink(nil)
+		q := newQueue(t)
+		h := startConnect(t, config(t, []string{deadURL(t)}, map[string]any{"connect_deadline": 0.2}), sink, q, 0)
+		if r := q.one(); r.Op != h || r.Status != cnNoServer {
+			t.Fatalf("connect result %v, want op %d CN_NO_SERVER", r, h)
+		}
+		return sink.snapshot()
+	}
+	if os.Getenv(noProcEnv) == "" {
+		for _, rec := range connect() {
+			if strings.Contains(rec.Message, "/proc") {
+				t.Errorf("with /proc mounted, the connect logged %q", rec.Message)
+			}
+		}
+		if os.Geteuid() != 0 {
+			t.Skip("the run without /proc needs root (a mount namespace and a mount)")
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestConnectWithoutProcWarns$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), noProcEnv+"=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS} // and / made private
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestConnectWithoutProcWarns") {
+			t.Fatalf("the run without /proc failed (%v):\n%s", err, out)
+		}
+		return
+	}
+	if err := syscall.Mount("tmpfs", "/proc", "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatalf("hiding /proc: %v", err)
+	}
+	for _, rec := range connect() {
+		if rec.Level == cnLogWarning && strings.Contains(rec.Message, "main thread") &&
+			strings.Contains(rec.Message, "/proc/self/maps") && strings.Contains(rec.Message, "mount /proc") {
+			return
+		}
+	}
+	t.Fatal("without /proc, the connect logged no warning about calls from the main thread")
 }
