@@ -486,7 +486,7 @@ def main() -> None:
             " the next one; --url is then ignored",
         )
     p = common("pingpong", "two processes bounce a message over process channels")
-    p.add_argument("--rounds", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=10000)
     p.add_argument("--warmup", type=int, default=50)
     p = common("throughput", "one process, one channel: send a batch, receive it, repeat")
     p.add_argument("--size", type=int, default=100, help="body bytes")

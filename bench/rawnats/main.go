@@ -3,7 +3,7 @@
 //
 //	rawnats -scenario fanout     -nats nats://127.0.0.1:4222 -members 1000 -procs 2 -messages 50 -gap 10ms
 //	rawnats -scenario saturation -members 1000 -procs 2 -messages 50          (gap forced to 0)
-//	rawnats -scenario pingpong   -roundtrips 2000
+//	rawnats -scenario pingpong   -roundtrips 10000
 //	rawnats -scenario throughput -size 100 (or 65536) [-count N]
 //
 // fanout/saturation: "procs" separate NATS connections stand in for the layer's member processes;
@@ -69,7 +69,7 @@ func main() {
 	flag.IntVar(&cfg.Messages, "messages", 50, "fanout: messages published")
 	flag.DurationVar(&cfg.Gap, "gap", 10*time.Millisecond, "fanout: pause between publishes (saturation: always 0)")
 	flag.IntVar(&cfg.Size, "size", 100, "payload bytes (at least 8: the send time)")
-	flag.IntVar(&cfg.Roundtrips, "roundtrips", 2000, "pingpong: round trips")
+	flag.IntVar(&cfg.Roundtrips, "roundtrips", 10000, "pingpong: round trips")
 	flag.IntVar(&cfg.Count, "count", 0, "throughput: messages (0: 200000 below 16 KiB, 20000 from 16 KiB)")
 	flag.DurationVar(&cfg.Timeout, "timeout", 60*time.Second, "give up waiting for deliveries after this")
 	flag.Parse()
