@@ -433,11 +433,8 @@ def run_wake(args: argparse.Namespace) -> None:
     futures)."""
     if args.layer not in ("nats", "reference"):
         raise SystemExit("wake: wake_cost.py measures the layers named channels_nats (nats, reference)")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import wake_cost  # pyright: ignore[reportMissingImports]
-
     log(f"wake: {args.members} members, {args.messages} messages")
-    measured = wake_cost.measure_with_floor(args.url, args.members, args.messages, False)
+    measured = wake_cost_module().measure_with_floor(args.url, args.members, args.messages, False)
     metrics = {
         key: measured[key]
         for key in (
@@ -451,17 +448,16 @@ def run_wake(args: argparse.Namespace) -> None:
     emit("wake", args.layer, {"members": args.members, "messages": args.messages}, metrics)
 
 
-def require_proc() -> None:
-    """Refuses to measure on Linux without /proc, which no real deployment lacks: there the Go
-    runtime of this layer's library asks glibc for the stack bounds of a main thread on each of
-    its calls into the library, glibc looks for them in /proc/self/maps, and the failed open
-    costs microseconds a call (bench/README.md)."""
-    if sys.platform.startswith("linux") and not os.path.exists("/proc/self/maps"):
-        raise SystemExit("bench: /proc is not mounted here; mount it first (bench/run.py does in the reference root)")
+def wake_cost_module() -> Any:
+    """bench/wake_cost.py, which lies beside this file (in the reference root too)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import wake_cost  # pyright: ignore[reportMissingImports]
+
+    return wake_cost
 
 
 def main() -> None:
-    require_proc()
+    wake_cost_module().require_proc()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="scenario", required=True)
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import sys
 import time
 from typing import Any
 
@@ -109,6 +111,15 @@ async def measure_floor(members: int, messages: int, burst: bool) -> dict[str, A
     return {"wall_us_per_delivery": wall * 1e6 / got, "cpu_us_per_delivery": cpu * 1e6 / got}
 
 
+def require_proc() -> None:
+    """Refuses to measure on Linux without /proc, which no real deployment lacks: there the Go
+    runtime of this layer's library asks glibc for the stack bounds of a main thread on each of
+    its calls into the library, glibc looks for them in /proc/self/maps, and the failed open
+    costs microseconds a call (bench/README.md)."""
+    if sys.platform.startswith("linux") and not os.path.exists("/proc/self/maps"):
+        raise SystemExit("bench: /proc is not mounted here; mount it first (bench/run.py does in the reference root)")
+
+
 def measure_with_floor(url: str, members: int, messages: int, burst: bool) -> dict[str, Any]:
     """measure(), with the mean of a floor measured before it and one after it, and the layer's
     CPU per delivery as a multiple of that."""
@@ -130,6 +141,7 @@ def main() -> None:
         "--burst", action="store_true", help="send every message at once: receives mostly find a backlog (saturation)"
     )
     args = parser.parse_args()
+    require_proc()
     print(json.dumps(measure_with_floor(args.url, args.members, args.messages, args.burst)))
 
 
