@@ -13,4 +13,12 @@ void bridge_set_last_error(const char *text);
    pointers directly. */
 void bridge_invoke_log(cn_log_callback callback, uintptr_t closure, int level, const char *message);
 
+/* 1 where the library is built against glibc, which reads the stack bounds of a process's main
+   thread from /proc/self/maps (stackBoundsWarning in runtime.go); musl and the others do not. */
+#if defined(__GLIBC__)
+#define BRIDGE_GLIBC 1
+#else
+#define BRIDGE_GLIBC 0
+#endif
+
 #endif

@@ -1,5 +1,10 @@
 package main
 
+/*
+#include "bridge.h"
+*/
+import "C"
+
 import (
 	"fmt"
 	"os"
@@ -77,6 +82,9 @@ func tuneGC() {
 // mainThreadMaps is where glibc finds the stack of a process's main thread.
 const mainThreadMaps = "/proc/self/maps"
 
+// withGlibc says whether the library is built against glibc: only glibc reads mainThreadMaps.
+const withGlibc = C.BRIDGE_GLIBC == 1
+
 // stackBoundsWarning is a warning for the host's log when every call into the library from the
 // process's main thread will cost a failed open first, else "". On each call from a host
 // thread the runtime asks for that thread's stack bounds until it once gets them; glibc reads a
@@ -85,7 +93,7 @@ const mainThreadMaps = "/proc/self/maps"
 // call, more than a receive that finds its message waiting: in make bench's wake scenario a
 // delivery cost 1.6 times the CPU without /proc.
 func stackBoundsWarning(mapsPath string) string {
-	if runtime.GOOS != "linux" {
+	if !withGlibc {
 		return ""
 	}
 	f, err := os.Open(mapsPath)
