@@ -225,7 +225,8 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 	// nothing: the op is made only when the receive has to wait, with the layer's record of it.
 	var o *receiveOp
 	msg, lop, err := l.StartReceiveInto(lent, func() (*layer.Receipt, layer.Receiver) {
-		o = &receiveOp{op: op{id: nextHandle(), c: c, q: q, closure: closure, l: l}}
+		o = new(receiveOp)
+		o.start(c, l, q, closure)
 		if opOut != nil {
 			*opOut = C.cn_op(o.id) // before a result taken on another thread can name it
 		}

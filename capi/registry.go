@@ -159,7 +159,14 @@ const (
 )
 
 func (c *client) newOp(l *layer.Layer, q *resultQueue, closure C.uintptr_t) *op {
-	return &op{id: nextHandle(), c: c, q: q, closure: closure, l: l}
+	return new(op).start(c, l, q, closure)
+}
+
+// start gives a zero o its handle and where its result goes, and returns it: for an op of its
+// own (newOp) or one inside a receiveOp.
+func (o *op) start(c *client, l *layer.Layer, q *resultQueue, closure C.uintptr_t) *op {
+	o.id, o.c, o.q, o.closure, o.l = nextHandle(), c, q, closure, l
+	return o
 }
 
 // register makes a pending o known to cn_cancel and cn_queue_free, unless its result was taken
