@@ -1899,10 +1899,12 @@ func TestMessagingStartReceiveInto(t *testing.T) {
 // they were sent, and none is lost or doubled.
 func TestMessagingRoutingHandOverKeepsOrder(t *testing.T) {
 	s := startServer(t)
-	a := connect(t, testConfig(nil, s.url()))
+	const each = 40
+	cfg := testConfig(nil, s.url())
+	cfg.Capacity = 3 * each // receiving starts while the last messages arrive: none may be dropped
+	a := connect(t, cfg)
 	c := connect(t, testConfig(nil, s.url()))
 	ch := msgNewChannel(t, a)
-	const each = 40
 	send := func(from int) {
 		for n := from; n < from+each; n++ {
 			msgSend(t, c, ch, map[string]any{"type": "order", "n": n})
