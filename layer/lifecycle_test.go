@@ -870,9 +870,12 @@ func TestLifecycleIdleMailboxIsReclaimed(t *testing.T) {
 		t.Fatal("Mailboxes = 0 right after NewChannel")
 	}
 	lcExpectNothing(t, a, cancelledRead, 30*time.Millisecond)
+	// The receive waits before the send: a send slower than the grace finds its mailbox there.
+	done := lcRecvAsync(ctx, a, completedRead)
+	waitFor(t, 5*time.Second, "the receive to wait", func() bool { return lcWaiters(a, completedRead) == 1 })
 	lcSend(t, b, completedRead, "done")
-	if got := lcRecv(t, a, completedRead, 5*time.Second); got != "done" {
-		t.Fatalf("got %q", got)
+	if r := lcAwait(t, done, 5*time.Second, "the completed read"); r.err != nil || lcN(t, r.body) != "done" {
+		t.Fatalf("got %q, %v", r.body, r.err)
 	}
 	for _, ch := range []string{unused, cancelledRead, completedRead} {
 		waitFor(t, 5*time.Second, "reclaim of "+ch, func() bool { return !lcHasBox(a, ch) })
@@ -898,7 +901,7 @@ func TestLifecycleIdleMailboxIsReclaimed(t *testing.T) {
 func TestLifecycleBacklogOutlivesTheGrace(t *testing.T) {
 	s := startServer(t)
 	cfg := lcGraceConfig(s.url())
-	cfg.Expiry = 2 * time.Second
+	cfg.Expiry = 4 * time.Second // past the 1.15 s of sleeps below, on a busy machine too
 	a := connect(t, cfg)
 	b := connect(t, testConfig(nil, s.url()))
 	ctx := ctxT(t, 10*time.Second)
@@ -940,7 +943,7 @@ func TestLifecycleBacklogOutlivesTheGrace(t *testing.T) {
 	if n := lcEntries(a, left); n != backlog {
 		t.Fatalf("the mailbox nobody read holds %d message(s), want %d", n, backlog)
 	}
-	waitFor(t, 5*time.Second, "the reclaim of the unread mailbox once its messages expired", func() bool { return !lcHasBox(a, left) })
+	waitFor(t, 2*cfg.Expiry, "the reclaim of the unread mailbox once its messages expired", func() bool { return !lcHasBox(a, left) })
 	if got := a.Stats().Dropped.Expired; got != backlog {
 		t.Errorf("Dropped.Expired = %d, want %d", got, backlog)
 	}
@@ -1031,7 +1034,9 @@ func TestLifecycleMailboxKeptAlive(t *testing.T) {
 // reads a process channel is returned by the next poll, round after round.
 func TestLifecyclePollingKeepsWhatArrivesBetweenPolls(t *testing.T) {
 	s := startServer(t)
-	a := connect(t, lcGraceConfig(s.url()))
+	cfg := testConfig(nil, s.url())
+	cfg.MailboxGrace = time.Second // longer than a send may take on a busy machine, between two polls
+	a := connect(t, cfg)
 	b := connect(t, testConfig(nil, s.url()))
 	ch, err := a.NewChannel(ctxT(t, 5*time.Second), "")
 	if err != nil {

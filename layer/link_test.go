@@ -273,7 +273,7 @@ func TestLinkBackpressure(t *testing.T) {
 	if r.atOnce == 0 {
 		t.Fatal("no send was accepted at once")
 	}
-	if r.longest > 50*time.Millisecond {
+	if r.longest > 250*time.Millisecond { // a send that waited would wait for the stall: seconds
 		t.Errorf("the longest StartGroupSend on a stalled link took %s; a send must never wait in the call", r.longest)
 	}
 	if r.maxOutbound > pending+msgSize {
@@ -375,6 +375,11 @@ func TestLinkTrickleStaysInline(t *testing.T) {
 	sub := lkSubscribe(t, s.url(), "channels.grp."+group)
 	nc := a.link.conn()
 	waitFor(t, 5*time.Second, "the link to settle", func() bool { return linkSettled(a) })
+	// A confirmation's round trip must come back within the next 16 sends. One slower than
+	// that on a busy machine sends a few through the queue; without the early confirmations,
+	// two thirds of them would go that way.
+	const mostQueued = 3
+	queued := 0
 	for n := range count {
 		time.Sleep(gap)
 		before, handed := nc.Stats().OutMsgs, lkHanded(a)
@@ -382,7 +387,9 @@ func TestLinkTrickleStaysInline(t *testing.T) {
 			t.Fatalf("send %d waits for room on an idle link", n)
 		}
 		if !lkWroteInline(a, nc, before, handed) {
-			t.Fatalf("send %d of a trickle (%d bytes every %s) went through the queue, want inline", n, size, gap)
+			if queued++; queued > mostQueued {
+				t.Fatalf("send %d of a trickle (%d bytes every %s) was the %dth through the queue, want at most %d", n, size, gap, queued, mostQueued)
+			}
 		}
 	}
 	if got := sub.drain(t, 500*time.Millisecond, 2*count); len(got) != count {

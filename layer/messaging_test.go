@@ -848,6 +848,10 @@ func TestMessagingGroupToSharedPlainChannelOneReader(t *testing.T) {
 	for i := 1; i <= more; i++ {
 		msgGroupSend(t, c, "jobs", map[string]any{"type": "job", "n": i})
 	}
+	// All arrived before either layer is drained: one that comes after the drain would be missed.
+	waitFor(t, 5*time.Second, "the ten messages in the two mailboxes", func() bool {
+		return msgQueued(a, "shared-worker")+msgQueued(b, "shared-worker") == more
+	})
 	seen := map[int64]int{msgN(t, first.m): 1}
 	for _, l := range []*Layer{a, b} {
 		for {
@@ -1829,7 +1833,7 @@ func TestMessagingWaitingReceiveAllocatesOnlyItsReceipt(t *testing.T) {
 func TestMessagingStartReceiveInto(t *testing.T) {
 	s := startServer(t)
 	cfg := testConfig(nil, s.url())
-	cfg.Expiry = 300 * time.Millisecond
+	cfg.Expiry = time.Second // the first two messages must outlive their way in on a busy machine
 	a := connect(t, cfg)
 	b := connect(t, testConfig(nil, s.url()))
 	ch := msgNewChannel(t, a)
@@ -1868,7 +1872,7 @@ func TestMessagingStartReceiveInto(t *testing.T) {
 	}
 	msgSend(t, b, ch, map[string]any{"type": "stale"})
 	waitFor(t, 5*time.Second, "the stale message to arrive", func() bool { return msgQueued(a, ch) == 1 })
-	time.Sleep(400 * time.Millisecond) // past expiry (not an assertion)
+	time.Sleep(cfg.Expiry + 100*time.Millisecond) // past expiry (not an assertion)
 	if _, op, err := a.StartReceiveInto(ch, newReceipt); err != nil || op == nil {
 		t.Fatalf("a receive that found only an expired message: op %v, %v; want it waiting", op, err)
 	} else if made != 1 || op != &receipt.Op {

@@ -500,8 +500,9 @@ async def test_a_cancelled_plain_reader_releases_the_subscription(
 
 async def test_a_released_plain_channel_hands_its_messages_back(make_layer: MakeLayer, nats_server: NatsServer) -> None:
     """S6: what a released mailbox still held is re-published, and another reader gets it."""
-    quitter = make_layer(release_linger=1.0)
+    quitter = make_layer(release_linger=2.0)  # the 40 sends below come within it
     worker, sender = make_layer(), make_layer()
+    await sender.new_channel()  # connected before the linger starts
     name = unique("handed-back")
     subject = f"channels.ch.{name}"
     got: list[int] = []
@@ -529,6 +530,7 @@ async def test_a_released_plain_channel_hands_its_messages_back(make_layer: Make
 async def test_an_idle_process_mailbox_is_reclaimed_after_the_grace(make_layer: MakeLayer) -> None:
     """ref 19, 21, S5: no reader, no traffic, no group for mailbox_grace: the mailbox goes."""
     layer, sender = make_layer(mailbox_grace=0.2), make_layer()
+    await sender.new_channel()  # connected first: its send must come within the grace
     channel = await layer.new_channel()
     assert await times_out(layer, channel, 0.05)
     await sender.send(channel, {"type": "one"})

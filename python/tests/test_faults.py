@@ -345,7 +345,7 @@ async def test_a_slow_link_never_holds_the_loop_and_delivers_everything(own_nats
     group = unique("slow")
     with FaultProxy(own_nats_server.url) as proxy:
         sender = NatsChannelLayer(servers=proxy.url)
-        receiver = NatsChannelLayer(servers=proxy.url)
+        receiver = NatsChannelLayer(servers=proxy.url, capacity=1000)  # a slow loop must not drop (S2)
         try:
             channel = await receiver.new_channel()
             await receiver.group_add(group, channel)
