@@ -4,8 +4,9 @@
  * A receive that finds its message waiting is the hot path of a saturated consumer, and through
  * cffi it costs more than the library call itself: seven arguments converted one by one, two
  * cdata objects to read the out-parameters, and a cffi buffer to decode from. receive takes
- * the three arguments that vary, decodes the lent body, and counts the streak of ready receives,
- * so that a ready receive costs the Python caller one call and one type check.
+ * the three arguments that vary, decodes the lent body (or copies the decode of the same bytes
+ * made for another member of a group), and counts the streak of ready receives, so that a ready
+ * receive costs the Python caller one call and one type check.
  *
  * A fan-out wakes many waiting receives with one take: settled in Python, each result cost a
  * tuple of six integers, a dictionary pop and a dozen bytecodes around the future's own work.
@@ -118,11 +119,92 @@ static PyObject *fastpath_decoded(const void *data, size_t len) {
 }
 
 /*
+ * The decodes of recent group messages, for receives that find their message waiting. A group
+ * message reaches each member's mailbox with the same body, and a consumer draining a backlog
+ * gets it in a receive of its own, on the loop's thread, between other members' receives: each
+ * decoded the same bytes again. A receive whose body is byte for byte one decoded recently gets
+ * a copy of that decode instead, as the members of one take do (take, below), when its values
+ * are all immutable. A hash of the bytes picks a set of two entries, and the bytes are compared
+ * in full, so an equal body is the only way to a hit: what the library lends is never trusted
+ * to stay at an address. Two entries a set keep the messages of a saturated fan-out (a few
+ * dozen in flight) apart. Only this module's calls touch the cache, all of them holding the
+ * GIL. It holds at most 256 bodies of up to 512 bytes and their decodes.
+ */
+#define FASTPATH_RECENT_SETS 128 /* a power of two; two entries each */
+#define FASTPATH_RECENT_BODY 512  /* the longest body kept; a longer one is decoded each time */
+
+typedef struct {
+    size_t len;          /* of body; 0: empty */
+    unsigned char *body; /* PyMem_Malloc'ed, len bytes */
+    PyObject *message;   /* a decode of body, never handed out itself: receives get copies */
+} fastpath_recent_entry;
+
+typedef struct {
+    fastpath_recent_entry ways[2];
+    int older; /* the way a miss replaces: the one used less recently */
+} fastpath_recent_set;
+
+static fastpath_recent_set fastpath_recent[FASTPATH_RECENT_SETS];
+
+/* The set of a body: a multiplicative hash of its bytes, eight at a time. */
+static fastpath_recent_set *fastpath_recent_set_of(const unsigned char *body, size_t len) {
+    uint64_t h = 0x9E3779B97F4A7C15u ^ (uint64_t)len;
+    size_t at = 0;
+    for (; at + 8 <= len; at += 8) {
+        uint64_t word;
+        memcpy(&word, body + at, 8);
+        h = (h ^ word) * 0xFF51AFD7ED558CCDu;
+        h ^= h >> 32;
+    }
+    for (; at < len; at++) {
+        h = (h ^ body[at]) * 0xFF51AFD7ED558CCDu;
+        h ^= h >> 32;
+    }
+    return &fastpath_recent[h & (FASTPATH_RECENT_SETS - 1)];
+}
+
+/* The message of a lent body a ready receive took: a copy of a recent decode of the same bytes,
+   else a decode, kept for the next member when it is flat and short. */
+static PyObject *fastpath_received(const void *data, size_t len) {
+    if (len == 0 || len > FASTPATH_RECENT_BODY) {
+        return fastpath_decoded(data, len);
+    }
+    fastpath_recent_set *set = fastpath_recent_set_of(data, len);
+    for (int way = 0; way < 2; way++) {
+        fastpath_recent_entry *e = &set->ways[way];
+        if (e->len == len && memcmp(e->body, data, len) == 0) {
+            set->older = 1 - way;
+            return PyDict_Copy(e->message);
+        }
+    }
+    PyObject *message = fastpath_decoded(data, len);
+    if (message == NULL || !fastpath_flat(message)) {
+        return message;
+    }
+    fastpath_recent_entry *e = &set->ways[set->older];
+    PyObject *kept = PyDict_Copy(message);
+    unsigned char *body = kept == NULL ? NULL : PyMem_Realloc(e->body, len);
+    if (body == NULL) { /* not kept: the receive still gets its message */
+        Py_XDECREF(kept);
+        PyErr_Clear();
+        return message;
+    }
+    memcpy(body, data, len);
+    PyObject *replaced = e->message;
+    e->body = body;
+    e->len = len;
+    e->message = kept;
+    Py_XDECREF(replaced);
+    set->older = 1 - set->older;
+    return message;
+}
+
+/*
  * receive(client: int, channel: bytes, queue: int) -> message | int
  *
  * cn_receive with no closure. Returns the decoded message when one was waiting: it is decoded
  * straight from the library's memory, which lends the body only until the queue's next take or
- * receive. Else an int: the op of the pending receive (> 0), minus the status of a failed call
+ * receive, or copied from a recent decode of the same bytes (fastpath_received). Else an int: the op of the pending receive (> 0), minus the status of a failed call
  * (< 0; the detail is cn_last_error() on this thread), or 0 when this thread's receives found
  * their messages waiting streak times in a row: then no call was made, and the caller lets the
  * event loop run other tasks before it asks again. The call keeps the GIL: it waits on nothing
@@ -161,7 +243,7 @@ static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ss
         return status == CN_PENDING ? PyLong_FromUnsignedLongLong(op) : PyLong_FromLong(-(long)status);
     }
     fastpath_ready++;
-    return fastpath_decoded(body, len);
+    return fastpath_received(body, len);
 }
 
 /*

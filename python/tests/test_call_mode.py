@@ -8,22 +8,30 @@ wheels-check prove that the wheels which bundle the module use it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import msgpack
 import pytest
+from conftest import unique
 
-from channels_nats import _native
+from channels_nats import NatsChannelLayer, _native, _results
+
+MakeLayer = Callable[..., NatsChannelLayer]
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiled module is Linux-only")
 
 # A receive that waits, then two that find their messages waiting (the fence's message came
 # after them on the same subscription), a backlog whose ready receives yield to the loop every
-# READY_STREAK-th time, waiting members of a group that get a dict each, and which receive and
-# take functions the loop's queue uses.
+# READY_STREAK-th time, members of a group that get a dict each, and which receive and take
+# functions the loop's queue uses. The members' messages are checked twice: settled by a take
+# for receives that wait, and taken by receives that find them waiting.
 ROUND_TRIP = """
 import asyncio, sys
 from channels_nats import NatsChannelLayer, _native, _results
@@ -73,6 +81,19 @@ async def main():
         await layer.group_send("mode-group", message)
         each = await asyncio.wait_for(asyncio.gather(*waiting), 10)
         assert each == [message] * 3 and len({id(one) for one in each}) == 3, each
+        assert "items" not in message or len({id(one["items"]) for one in each}) == 3, each
+    # The same messages waiting in each member's mailbox, taken by receives that find them there:
+    # a dict each too, one a consumer changed included.
+    for message in ({"type": "mode.flat", "n": 2}, {"type": "mode.nested", "items": [2]}):
+        fenced = asyncio.ensure_future(layer.receive(fence))
+        await asyncio.sleep(0.2)
+        await layer.group_send("mode-group", message)
+        await layer.send(fence, {"type": "mode.fence"})
+        await asyncio.wait_for(fenced, 10)
+        first = await layer.receive(members[0])
+        first["changed"] = True
+        each = [first] + [await layer.receive(member) for member in members[1:]]
+        assert each[1:] == [message] * 2 and len({id(one) for one in each}) == 3, each
         assert "items" not in message or len({id(one["items"]) for one in each}) == 3, each
     queue, fastpath = _results.for_running_loop(), _native.fastpath()
     await layer.close()
@@ -149,3 +170,59 @@ def test_a_module_beside_a_renamed_library_is_not_used(tmp_path: Path, nats_url:
     done = run_round_trip(renamed, nats_url)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["abi", "cffi", "cffi", "1", "2", "3", "yields", "2"]
+
+
+async def test_members_finding_one_group_message_waiting_share_its_decode(make_layer: MakeLayer) -> None:
+    """A group message waiting in several members' mailboxes is decoded once for their receives
+    when its values are immutable, and once per receive when they are not; each receive gets a
+    dict of its own (S9). Bodies equal byte for byte share a decode, any other body gets its own,
+    in order."""
+    compiled_module()
+    fastpath = _native.fastpath()
+    assert fastpath is not None
+    layer = make_layer(capacity=1000)
+    members = [await layer.new_channel() for _ in range(3)]
+    fence, group = await layer.new_channel(), unique("decode")
+    for member in members:
+        await layer.group_add(group, member)
+    decodes = 0
+
+    def counting(body: Any) -> Any:
+        nonlocal decodes
+        decodes += 1
+        return msgpack.unpackb(body)
+
+    async def fenced(send: Any) -> None:
+        """send(), then waits until what it sent is in the mailboxes (S10)."""
+        waiting = asyncio.ensure_future(layer.receive(fence))
+        await asyncio.sleep(0.2)
+        await send()
+        await layer.send(fence, {"type": "decode.fence"})
+        await asyncio.wait_for(waiting, 10)
+
+    _results.for_running_loop()  # the loop's queue configures the module first
+    fastpath.configure(counting, _results.READY_STREAK)
+    try:
+        tag = unique("body")  # bytes no earlier test sent
+        for message, want in (({"type": "d.flat", "tag": tag}, 1), ({"type": "d.nested", "tag": tag, "l": [1]}, 3)):
+            await fenced(lambda message=message: layer.group_send(group, message))
+            decodes = 0
+            each = [await layer.receive(member) for member in members]
+            assert decodes == want, (message, decodes)
+            assert each == [message] * 3
+            assert len({id(one) for one in each}) == 3
+        # One channel, bodies that repeat among others: each receive gets what was sent, in order.
+        # Fixed bytes, so that which of them share a set of the module's cache never changes.
+        sent = [{"type": "d.mix", "n": n % 5, "pad": "p" * (n % 3)} for n in range(200)]
+
+        async def send_all() -> None:
+            for message in sent:
+                await layer.send(members[0], message)
+
+        await fenced(send_all)
+        decodes = 0
+        got = [await layer.receive(members[0]) for _ in sent]
+        assert got == sent
+        assert decodes == 15, decodes  # the 15 different bodies
+    finally:
+        fastpath.configure(msgpack.unpackb, _results.READY_STREAK)
