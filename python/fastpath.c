@@ -35,6 +35,9 @@
 static PyObject *fastpath_decode;
 static int fastpath_streak;
 
+/* Forgets the decodes kept for ready receives (fastpath_received). */
+static void fastpath_recent_forget(void);
+
 /* The method names take calls on a future, made once by configure. */
 static PyObject *fastpath_done_name;
 static PyObject *fastpath_set_result_name;
@@ -50,7 +53,8 @@ static __thread int fastpath_ready;
  * configure(decode, streak) -> None
  *
  * decode(view) returns the message of a body; streak is READY_STREAK. Called before the first
- * receive, and again with the same values by each event loop's result queue.
+ * receive, and again with the same values by each event loop's result queue. Another decode
+ * than the last forgets the decodes kept for ready receives.
  */
 static PyObject *fastpath_configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -74,6 +78,9 @@ static PyObject *fastpath_configure(PyObject *module, PyObject *const *args, Py_
             Py_CLEAR(fastpath_set_result_name);
             return NULL;
         }
+    }
+    if (args[0] != fastpath_decode) {
+        fastpath_recent_forget(); /* what the other function decoded is not this one's */
     }
     Py_INCREF(args[0]);
     Py_XDECREF(fastpath_decode);
@@ -146,6 +153,18 @@ typedef struct {
 
 static fastpath_recent_set fastpath_recent[FASTPATH_RECENT_SETS];
 
+static void fastpath_recent_forget(void) {
+    for (int set = 0; set < FASTPATH_RECENT_SETS; set++) {
+        for (int way = 0; way < 2; way++) {
+            fastpath_recent_entry *e = &fastpath_recent[set].ways[way];
+            Py_CLEAR(e->message);
+            PyMem_Free(e->body);
+            e->body = NULL;
+            e->len = 0;
+        }
+    }
+}
+
 /* The set of a body: a multiplicative hash of its bytes, eight at a time. */
 static fastpath_recent_set *fastpath_recent_set_of(const unsigned char *body, size_t len) {
     uint64_t h = 0x9E3779B97F4A7C15u ^ (uint64_t)len;
@@ -204,13 +223,14 @@ static PyObject *fastpath_received(const void *data, size_t len) {
  *
  * cn_receive with no closure. Returns the decoded message when one was waiting: it is decoded
  * straight from the library's memory, which lends the body only until the queue's next take or
- * receive, or copied from a recent decode of the same bytes (fastpath_received). Else an int: the op of the pending receive (> 0), minus the status of a failed call
- * (< 0; the detail is cn_last_error() on this thread), or 0 when this thread's receives found
- * their messages waiting streak times in a row: then no call was made, and the caller lets the
- * event loop run other tasks before it asks again. The call keeps the GIL: it waits on nothing
- * but the library's own locks, and the library calls the log callback, which takes the GIL,
- * only from a thread that holds none of them (include/channels_nats.h). Releasing and taking
- * the GIL again cost a ready receive about a twentieth of its time.
+ * receive, or copied from a recent decode of the same bytes (fastpath_received). Else an int: the
+ * op of the pending receive (> 0), minus the status of a failed call (< 0; the detail is
+ * cn_last_error() on this thread), or 0 when this thread's receives found their messages waiting
+ * streak times in a row: then no call was made, and the caller lets the event loop run other tasks
+ * before it asks again. The call keeps the GIL: it waits on nothing but the library's own locks,
+ * and the library calls the log callback, which takes the GIL, only from a thread that holds none
+ * of them (include/channels_nats.h). Releasing and taking the GIL again cost a ready receive about
+ * a twentieth of its time.
  */
 static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
