@@ -224,5 +224,9 @@ async def test_members_finding_one_group_message_waiting_share_its_decode(make_l
         got = [await layer.receive(members[0]) for _ in sent]
         assert got == sent
         assert decodes == 15, decodes  # the 15 different bodies
+        # Another decode function: no decode made by the one before is handed out.
+        fastpath.configure(lambda body: {"type": "d.other"}, _results.READY_STREAK)
+        await fenced(lambda: layer.send(members[0], sent[0]))
+        assert await layer.receive(members[0]) == {"type": "d.other"}
     finally:
         fastpath.configure(msgpack.unpackb, _results.READY_STREAK)
