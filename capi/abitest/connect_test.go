@@ -360,9 +360,8 @@ const noProcEnv = "CN_ABITEST_WITHOUT_PROC"
 // Where /proc is missing, every call from a process's main thread pays a failed open of
 // /proc/self/maps (the Go runtime asks glibc, which the Linux builds use, for the thread's stack
 // bounds until it gets them), and cn_connect says so in the client's log; with /proc it says
-// nothing. The test runs again in
-// a mount namespace of its own, an empty tmpfs over /proc there; that needs root, like the
-// Python suite's interop tests.
+// nothing. The test runs again in a mount namespace of its own, an empty tmpfs over /proc
+// there; that needs root, like the Python suite's interop tests.
 func TestConnectWithoutProcWarns(t *testing.T) {
 	connect := func() []logRecord {
 		sink := newLogSink(nil)
