@@ -227,6 +227,7 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 	msg, lop, err := l.StartReceiveInto(lent, func() (*layer.Receipt, layer.Receiver) {
 		o = new(receiveOp)
 		o.start(c, l, q, closure)
+		o.reusable = &o.receipt
 		if opOut != nil {
 			*opOut = C.cn_op(o.id) // before a result taken on another thread can name it
 		}
@@ -244,6 +245,38 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 	}
 	o.register(lop)
 	return C.CN_PENDING
+}
+
+//export cngo_receive_again
+func cngo_receive_again(h C.cn_client, id C.cn_op, bodyOut **C.uint8_t, lenOut *C.size_t) (st C.cn_status) {
+	defer recoverStatus(&st)
+	if bodyOut == nil || lenOut == nil {
+		return fail(argError("body and len must not be NULL"))
+	}
+	storeAddress(unsafe.Pointer(bodyOut), 0)
+	*lenOut = 0
+	c, _, err := usable(h)
+	if err != nil {
+		return fail(err)
+	}
+	if id == 0 || uint64(id) > lastHandle.Load() {
+		return fail(errInvalidOp)
+	}
+	c.mu.Lock()
+	o := c.ops[uint64(id)]
+	c.mu.Unlock()
+	if o == nil {
+		return fail(layer.ErrNotAgain)
+	}
+	msg, waits, err := o.again()
+	switch {
+	case err != nil:
+		return fail(err)
+	case waits:
+		return C.CN_PENDING
+	}
+	lendReceived(o.q, msg, bodyOut, lenOut)
+	return C.CN_OK
 }
 
 // lendReceived hands a message a receive found waiting to the host: lent until the queue's next

@@ -154,11 +154,13 @@ func (q *resultQueue) textBlock(n int) []byte {
 func (q *resultQueue) take(results []resultSlot) int {
 	q.mu.Lock()
 	q.release()
-	kept := q.lent
-	q.lent = nil
-	for _, o := range kept {
-		o.kept()
+	kept := q.lent[:0]
+	for _, o := range q.lent {
+		if o.kept() {
+			kept = append(kept, o)
+		}
 	}
+	q.lent = nil
 	textBytes := 0
 	for _, r := range q.items {
 		textBytes += len(r.text) + 1
@@ -203,11 +205,13 @@ func (q *resultQueue) take(results []resultSlot) int {
 func (q *resultQueue) free() []outcome {
 	q.mu.Lock()
 	q.freed = true
-	left, lent := q.items, q.lent
-	q.items, q.array, q.lent = nil, nil, nil
-	for _, o := range lent {
-		o.kept()
+	left, lent := q.items, q.lent[:0]
+	for _, o := range q.lent {
+		if o.kept() { // one that receives again is withdrawn with the pending ones
+			lent = append(lent, o)
+		}
 	}
+	q.items, q.array, q.lent = nil, nil, nil
 	q.release()
 	C.free(q.texts)
 	q.texts, q.size = nil, 0

@@ -140,12 +140,16 @@ type op struct {
 	closure C.uintptr_t
 	l       *layer.Layer
 	sent    bool // a send: once accepted, it is not taken back
+	// reusable is a receive's record in the layer, which cn_receive_again starts over; nil for
+	// the other operations.
+	reusable *layer.Receipt
 
-	mu      sync.Mutex
-	lop     *layer.Op // set by register, once the call that began it returned
-	state   opState
-	claimed bool // a withdraw runs or ran: later ones have nothing to do
-	retract bool // nobody will take its result: Retract it once lop is known
+	mu       sync.Mutex
+	lop      *layer.Op // set by register, once the call that began it returned
+	state    opState
+	claimed  bool // a withdraw runs or ran: later ones have nothing to do
+	retract  bool // nobody will take its result: Retract it once lop is known
+	received bool // its last result carried a message
 }
 
 type opState uint8
@@ -153,7 +157,7 @@ type opState uint8
 const (
 	opRunning   opState = iota // the layer works on it
 	opQueued                   // its result waits in q
-	opTaken                    // the host took its result with q's last take: it may still retract it
+	opTaken                    // the host took its result with q's last take: it may still retract it, or receive again
 	opDone                     // the host kept its result (it took from q again)
 	opWithdrawn                // cancelled or retracted
 )
@@ -199,6 +203,7 @@ func (o *op) unregister() {
 func (o *op) complete(err error, text string, body []byte) {
 	o.mu.Lock()
 	o.state = opQueued
+	o.received = err == nil && body != nil
 	o.mu.Unlock()
 	if o.q.add(o.c, outcome{op: o, id: o.id, closure: o.closure, status: statusOf(err), text: resultText(err, text), body: body}) {
 		return
@@ -243,8 +248,31 @@ func (o *op) named(name string, err error) { o.complete(err, name, nil) }
 // q.mu is held by the caller.
 func (o *op) taken() bool { return o.advance(opQueued, opTaken) }
 
-// kept ends the time in which the host could retract o's result. q.mu is held by the caller.
-func (o *op) kept() { o.advance(opTaken, opDone) }
+// kept ends the time in which the host could retract o's result, or receive again with o; false
+// when o received again meanwhile (it goes on). q.mu is held by the caller.
+func (o *op) kept() bool { return o.advance(opTaken, opDone) }
+
+// again starts o over: a receive whose result the host took with its queue's last take, or
+// that received again since, waits for the next message of its channel (cn_receive_again).
+// waits: it is pending again, and its next result comes under the same handle; otherwise msg
+// was waiting, or err says why o cannot start over (layer.ErrNotAgain, layer.ErrClosed).
+//
+// o.mu is held throughout: a cn_cancel on another thread withdraws o before or after, never
+// between the layer's decision and o's state, and the result of a receive that waits again is
+// queued (complete) only after o is running.
+func (o *op) again() (msg layer.Message, waits bool, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.reusable == nil || !o.received || o.claimed || o.state != opTaken {
+		return layer.Message{}, false, layer.ErrNotAgain
+	}
+	msg, lop, err := o.l.ReceiveAgain(o.reusable)
+	if lop == nil {
+		return msg, false, err // o stays as the last take left it
+	}
+	o.state = opRunning
+	return layer.Message{}, true, nil
+}
 
 func (o *op) advance(from, to opState) bool {
 	o.mu.Lock()

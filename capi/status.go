@@ -91,7 +91,7 @@ func failureStatus(err error) C.cn_status {
 		return C.CN_INVALID_HANDLE
 	case errors.Is(err, layer.ErrClosed):
 		return C.CN_CLOSED
-	case errors.Is(err, errNotPending):
+	case errors.Is(err, errNotPending), errors.Is(err, layer.ErrNotAgain):
 		return C.CN_NOT_PENDING
 	case errors.Is(err, errConnecting):
 		return C.CN_ILLEGAL_STATE

@@ -28,6 +28,10 @@ var (
 	ErrForeignChannel = errors.New("channels_nats: process channel of another client")
 	// ErrPublishTimeout is matched (errors.Is) by a *PublishTimeoutError.
 	ErrPublishTimeout = errors.New("channels_nats: publish timed out")
+	// ErrNotAgain is returned by ReceiveAgain when the Receipt cannot wait again: its receive
+	// did not end with a message, or its mailbox was reclaimed or flushed since. A receive by
+	// name (StartReceiveInto) starts over.
+	ErrNotAgain = errors.New("channels_nats: this receive cannot start again; receive by channel name")
 	// ErrNoReadEvents is returned by ReadEvents where the host cannot read the connection: not
 	// on Linux, over TLS or websockets, or with Config.NoHostReads. The layer reads it itself there.
 	ErrNoReadEvents = errors.New("channels_nats: the host cannot read this connection " +

@@ -1932,3 +1932,99 @@ func TestMessagingRoutingHandOverKeepsOrder(t *testing.T) {
 	}
 	msgNothing(t, a, ch)
 }
+
+// ReceiveAgain starts a Receipt's receive over in its mailbox: it waits again as the same Op,
+// or returns a message that was waiting, in order, each message delivered once. From then on
+// Retract does not give back the message the receive had before. It refuses a Receipt whose
+// receive was cancelled, or whose mailbox was flushed since.
+func TestMessagingReceiveAgain(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	b := connect(t, testConfig(nil, s.url()))
+	ch := msgNewChannel(t, a)
+	got := make(chan int, 8)
+	receipt := new(Receipt)
+	newReceipt := func() (*Receipt, Receiver) {
+		return receipt, deliverFunc(func(m Message, err error) {
+			if err != nil {
+				t.Errorf("delivered %v", err)
+			}
+			got <- numberIn(t, m.Body)
+		})
+	}
+	next := func(want int) {
+		t.Helper()
+		select {
+		case n := <-got:
+			if n != want {
+				t.Fatalf("delivered n=%d, want %d", n, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("message %d was not delivered", want)
+		}
+	}
+	if _, op, err := a.StartReceiveInto(ch, newReceipt); err != nil || op != &receipt.Op {
+		t.Fatalf("StartReceiveInto: op %v, %v; want the Receipt's Op", op, err)
+	}
+	msgSend(t, b, ch, map[string]any{"type": "n", "n": 1})
+	next(1)
+	for n := 2; n <= 3; n++ {
+		if _, op, err := a.ReceiveAgain(receipt); err != nil || op != &receipt.Op {
+			t.Fatalf("ReceiveAgain on an empty mailbox: op %v, %v; want the Receipt's Op", op, err)
+		}
+		msgSend(t, b, ch, map[string]any{"type": "n", "n": n})
+		next(n)
+	}
+	for n := 4; n <= 5; n++ {
+		msgSend(t, b, ch, map[string]any{"type": "n", "n": n})
+	}
+	waitFor(t, 5*time.Second, "two messages to arrive", func() bool { return msgQueued(a, ch) == 2 })
+	for n := 4; n <= 5; n++ {
+		msg, op, err := a.ReceiveAgain(receipt)
+		if err != nil || op != nil || numberIn(t, msg.Body) != n {
+			t.Fatalf("ReceiveAgain with messages waiting: op %v, %v, n=%d; want message %d", op, err, numberIn(t, msg.Body), n)
+		}
+		receipt.Retract() // message 3 was consumed, and a waiting message is returned, not handed over
+	}
+	if _, op, err := a.ReceiveAgain(receipt); err != nil || op == nil || !op.Cancel() {
+		t.Fatalf("ReceiveAgain: op %v, %v; want it waiting, and cancelled", op, err)
+	}
+	if _, _, err := a.ReceiveAgain(receipt); !errors.Is(err, ErrNotAgain) {
+		t.Errorf("ReceiveAgain of a cancelled receive: %v, want ErrNotAgain", err)
+	}
+	if st := a.Stats(); st.Delivered != 5 {
+		t.Errorf("Delivered = %d, want 5", st.Delivered)
+	}
+
+	receipt = new(Receipt)
+	if _, op, err := a.StartReceiveInto(ch, newReceipt); err != nil || op == nil {
+		t.Fatalf("StartReceiveInto: op %v, %v; want it waiting", op, err)
+	}
+	msgSend(t, b, ch, map[string]any{"type": "n", "n": 6})
+	next(6)
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.ReceiveAgain(receipt); !errors.Is(err, ErrNotAgain) {
+		t.Errorf("ReceiveAgain after Flush: %v, want ErrNotAgain", err)
+	}
+	_ = a.Close()
+	if _, _, err := a.ReceiveAgain(receipt); !errors.Is(err, ErrClosed) {
+		t.Errorf("ReceiveAgain after Close: %v, want ErrClosed", err)
+	}
+}
+
+// numberIn is the "n" of a message body, or -1 without one.
+func numberIn(t *testing.T, body []byte) int {
+	t.Helper()
+	if body == nil {
+		return -1
+	}
+	var v struct {
+		N int `msgpack:"n"`
+	}
+	if err := msgpack.Unmarshal(body, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v.N
+}

@@ -137,6 +137,38 @@ func (l *Layer) StartReceiveInto(channel string, newReceipt func() (*Receipt, Re
 	return Message{}, op, nil
 }
 
+// ReceiveAgain starts the next receive on the channel of r, a Receipt from StartReceiveInto
+// whose receive ended with a message that its host consumed: in the same mailbox, for the same
+// Receiver, with no name to look up and nothing to allocate. It returns what StartReceiveInto
+// does, r's own Op when it waits. From this call on, Retract no longer gives back r's last
+// message. ErrNotAgain means r cannot wait again (its receive ended otherwise, or its mailbox
+// was reclaimed or flushed, or its subscription is being made again): receive by name instead.
+// The host calls it for one Receipt at a time, never while r waits.
+func (l *Layer) ReceiveAgain(r *Receipt) (Message, *Op, error) {
+	w := &r.w
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.closed:
+		return Message{}, nil, ErrClosed
+	case w.mb == nil || w.to == nil || w.listed || r.pending() || r.cancelled() ||
+		w.mb.discharged || liveFeed(w.mb) == nil || !w.mb.feed.confirmed:
+		return Message{}, nil, ErrNotAgain
+	}
+	// The last message was consumed: it is no longer r's to give back.
+	r.undo.Store(nil)
+	w.handed.Store(false)
+	w.msg = Message{}
+	now := time.Now()
+	if msg, ok := l.popLocked(w.mb, now); ok {
+		return msg, nil, nil
+	}
+	r.recv = w
+	r.state.Store(opPending)
+	l.listWaiter(w, w.mb, &r.Op, w.to, now)
+	return Message{}, &r.Op, nil
+}
+
 // liveFeed is the subscription that feeds mb, when a receive made it and it was not dropped
 // since; nil otherwise (mb may be nil). l.mu must be held.
 func liveFeed(mb *mailbox) *subscription {

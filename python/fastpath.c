@@ -1,5 +1,5 @@
 /*
- * channels_nats._fastpath: cn_receive and cn_queue_take as one CPython call each.
+ * channels_nats._fastpath: cn_receive, cn_receive_again and cn_queue_take as one CPython call each.
  *
  * A receive that finds its message waiting is the hot path of a saturated consumer, and through
  * cffi it costs more than the library call itself: seven arguments converted one by one, two
@@ -218,6 +218,17 @@ static PyObject *fastpath_received(const void *data, size_t len) {
     return message;
 }
 
+/* What receive and receive_again return for a call that returned status: the message it lent,
+   the op of a receive that waits, or minus the status. Counts the streak of ready receives. */
+static PyObject *fastpath_receive_result(cn_status status, cn_op op, const uint8_t *body, size_t len) {
+    if (status != CN_OK) {
+        fastpath_ready = 0;
+        return status == CN_PENDING ? PyLong_FromUnsignedLongLong(op) : PyLong_FromLong(-(long)status);
+    }
+    fastpath_ready++;
+    return fastpath_received(body, len);
+}
+
 /*
  * receive(client: int, channel: bytes, queue: int) -> message | int
  *
@@ -258,12 +269,38 @@ static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ss
     size_t len = 0;
     cn_op op = 0;
     cn_status status = cn_receive((cn_client)client, channel, (cn_queue)queue, NULL, &body, &len, &op);
-    if (status != CN_OK) {
-        fastpath_ready = 0;
-        return status == CN_PENDING ? PyLong_FromUnsignedLongLong(op) : PyLong_FromLong(-(long)status);
+    return fastpath_receive_result(status, op, body, len);
+}
+
+/*
+ * receive_again(client: int, op: int) -> message | int
+ *
+ * cn_receive_again, returning what receive does: the decoded message, the op when it waits again
+ * (> 0), minus the status of a failed call (< 0: -CN_NOT_PENDING when op cannot start over), or
+ * 0 after the streak of ready receives (nothing was taken).
+ */
+static PyObject *fastpath_receive_again(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "receive_again(client, op) takes 2 arguments");
+        return NULL;
     }
-    fastpath_ready++;
-    return fastpath_received(body, len);
+    if (fastpath_decode == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "receive_again: configure() was not called");
+        return NULL;
+    }
+    unsigned long long client = fastpath_handle(args[0]), op = fastpath_handle(args[1]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (fastpath_ready >= fastpath_streak) {
+        fastpath_ready = 0;
+        return PyLong_FromLong(0);
+    }
+    const uint8_t *body = NULL;
+    size_t len = 0;
+    cn_status status = cn_receive_again((cn_client)client, (cn_op)op, &body, &len);
+    return fastpath_receive_result(status, (cn_op)op, body, len);
 }
 
 /*
@@ -400,6 +437,8 @@ static PyMethodDef fastpath_methods[] = {
     {"receive", (PyCFunction)(void (*)(void))fastpath_receive, METH_FASTCALL,
      "cn_receive: the decoded message, or the op of a pending receive (> 0), minus an error status (< 0), "
      "or 0 to yield to the event loop first."},
+    {"receive_again", (PyCFunction)(void (*)(void))fastpath_receive_again, METH_FASTCALL,
+     "cn_receive_again: as receive, with the op of a receive whose result was taken, which waits again as that op."},
     {"take", (PyCFunction)(void (*)(void))fastpath_take, METH_FASTCALL,
      "cn_queue_take, its received messages settled here and every other result passed to other(), in order: "
      "the number of results taken, or minus an error status."},

@@ -175,7 +175,8 @@ func TestCancelHandles(t *testing.T) {
 
 // Receives started and cancelled in tight loops on several threads (each with its own queue),
 // racing with sends: cancels that meet a delivery, give back taken results, or come after the
-// next take. Every message is received exactly once, and delivered counts exactly those kept.
+// next take, and receives started over with cn_receive_again, then kept or cancelled. Every
+// message is received exactly once, and delivered counts exactly those kept.
 func TestCancelStorm(t *testing.T) {
 	ts := startServer(t)
 	const workers, sends = 4, 800
@@ -222,7 +223,8 @@ func TestCancelStorm(t *testing.T) {
 		}
 	}
 	t.Logf("outcomes: %v", tallies)
-	if tallies["given back"] == 0 || tallies["withdrawn"] == 0 || tallies["kept"] == 0 {
+	if tallies["given back"] == 0 || tallies["withdrawn"] == 0 || tallies["kept"] == 0 ||
+		tallies["again withdrawn"] == 0 || tallies["again kept"] == 0 {
 		t.Errorf("the storm missed a path: %v", tallies)
 	}
 }
@@ -281,7 +283,7 @@ func stormWorker(t *testing.T, c *client, ch string, q *queue, k, sends int) map
 			t.Errorf("worker %d: cn_receive: %s", k, name(st))
 			return tally
 		}
-		switch rng.IntN(3) {
+		switch rng.IntN(4) {
 		case 0: // cancel after a moment: it may meet the delivery
 			for end := time.Now().Add(time.Duration(rng.IntN(80)) * time.Microsecond); time.Now().Before(end); {
 			}
@@ -317,6 +319,44 @@ func stormWorker(t *testing.T, c *client, ch string, q *queue, k, sends int) map
 				received++
 			}
 			tally["kept"]++
+		case 3: // kept, and the receive starts over (cn_receive_again), then waits or is cancelled
+			r, ok := await(op)
+			if !ok {
+				return tally
+			}
+			if r.Status == cnOK {
+				count[numberOf(r.Data)]++
+				received++
+			}
+			if received == sends {
+				continue
+			}
+			switch st := cnReceiveAgain(c.h, op, &out, &n); {
+			case st == cnOK:
+				count[numberOf(cBytes(out, n))]++
+				received++
+				tally["again at once"]++
+			case st == cnPending && rng.IntN(2) == 0:
+				if st := cnCancel(c.h, op); st != cnOK {
+					t.Errorf("worker %d: cn_cancel of a receive waiting again: %s, want CN_OK", k, name(st))
+				}
+				drain(t, q.rfd)
+				for _, r := range take() {
+					t.Errorf("worker %d: a result after CN_OK from cn_cancel: %v", k, r)
+				}
+				tally["again withdrawn"]++
+			case st == cnPending:
+				if r, ok := await(op); !ok {
+					return tally
+				} else if r.Status == cnOK {
+					count[numberOf(r.Data)]++
+					received++
+				}
+				tally["again kept"]++
+			default:
+				t.Errorf("worker %d: cn_receive_again: %s", k, name(st))
+				return tally
+			}
 		}
 	}
 	var lost, dup []int

@@ -704,6 +704,39 @@ out:
     return ok;
 }
 
+/* cn_receive_again: a receive whose result the last take handed over waits again as the same op,
+   with the same closure, and its next message comes under that op; after the next take it can
+   no longer start over. */
+static int check_receive_again(char *why) {
+    char ch[128];
+    body_t x = body_of("again-x"), y = body_of("again-y");
+    const uint8_t *body = NULL;
+    size_t len = 77;
+    cn_op op = 0;
+    hq_got g;
+    int ok = 0;
+    hq_got_init(&g);
+    EXPECT_OK(new_channel(A, ch, sizeof ch));
+    REQUIRE(queue_idle(&Q, 0), "the main queue is not empty");
+    EXPECT_ST(cn_receive(A, ch, Q.q, TAG, &body, &len, &op), CN_PENDING);
+    EXPECT_OK(send_msg(B, ch, &x));
+    REQUIRE(hq_await(&Q, op, MS(5000), &g) == 1 && got_is(&g, &x), "no result with the first message");
+    hq_got_clear(&g);
+    EXPECT_ST(cn_receive_again(A, op, &body, &len), CN_PENDING);
+    REQUIRE(body == NULL && len == 0, "CN_PENDING with a body (%zu bytes)", len);
+    EXPECT_OK(send_msg(B, ch, &y));
+    REQUIRE(hq_await(&Q, op, MS(5000), &g) == 1, "no result for the receive that started over");
+    REQUIRE(g.op == op && g.closure == TAG && g.status == CN_OK, "result op %llu closure %p status %d",
+            (unsigned long long)g.op, g.closure, (int)g.status);
+    REQUIRE(got_is(&g, &y), "second result body differs (len %zu vs %zu)", g.len, y.len);
+    REQUIRE(queue_idle(&Q, 0), "more than one result for one receive");
+    EXPECT_FAIL(cn_receive_again(A, op, &body, &len), CN_NOT_PENDING);
+    ok = 1;
+out:
+    hq_got_clear(&g);
+    return ok;
+}
+
 /* One byte per empty-to-non-empty: a result queued into a non-empty queue writes none, and the
    results one group message makes together (three waiting members) are signalled once, after
    the last of them is queued. */
@@ -1930,6 +1963,7 @@ int main(int argc, char **argv) {
     run("new_channel", check_new_channel);
     run("send_receive_immediate", check_send_receive_immediate);
     run("pending_receive", check_pending_receive);
+    run("receive_again", check_receive_again);
     run("notify_bytes", check_notify_bytes);
     run("lent_bodies", check_lent_bodies);
     run("plain_channel_shared", check_plain_channel_shared);

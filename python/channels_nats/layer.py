@@ -22,6 +22,7 @@ from . import _native, _results
 
 _get_running_loop = asyncio.get_running_loop  # the receive's hot path: looked up once, not per call
 _queue_of = _results.queue_of
+_NOT_AGAIN = -_native.NOT_PENDING  # what a receive_again returns when the receive cannot start over
 
 CONNECT_OPTIONS = frozenset(
     {
@@ -317,7 +318,15 @@ class NatsChannelLayer(BaseChannelLayer):
         client = self._client or await self._connection()
         # for_running_loop, inlined (after a fork the parent's queues are gone, and it refuses)
         queue = _queue_of(_get_running_loop()) or _results.for_running_loop()
-        got = queue.receive(client, name, queue.handle)
+        # The last receive on this channel, when it waited and the take that brought its message
+        # was the last: it starts over, with no name to look up and no new operation.
+        again = queue.again
+        if again and (op := again.pop(name, 0)):
+            got = queue.receive_again(client, op)
+            if got == _NOT_AGAIN:  # its mailbox was reclaimed or flushed meanwhile
+                got = queue.receive(client, name, queue.handle)
+        else:
+            got = queue.receive(client, name, queue.handle)
         if type(got) is not int:
             return got  # the message that was waiting, decoded
         if got == 0:
@@ -333,11 +342,13 @@ class NatsChannelLayer(BaseChannelLayer):
         future = queue.loop.create_future()
         queue.waiting[op] = (future, client, False)
         try:
-            return await future
+            message = await future
         except asyncio.CancelledError:
             queue.waiting.pop(op, None)
             _native.load()[1].cn_cancel(client, op)
             raise
+        queue.again[name] = op
+        return message
 
     # ---- groups -----------------------------------------------------------------------------
 

@@ -48,6 +48,18 @@ async def main():
     await layer.send(fence, {"type": "mode.fence"})
     await asyncio.wait_for(layer.receive(fence), 10)
     got += [(await layer.receive(channel))["n"] for _ in range(2)]
+    # Receives that wait, one after another on a channel, start the last one over
+    # (cn_receive_again): each waits as the same op, and a receive after a flush starts anew.
+    queue, ops = _results.for_running_loop(), []
+    for n in (1, 2, 3, 4):
+        if n == 4:
+            await layer.flush()
+        waiting = asyncio.ensure_future(layer.receive(channel))
+        await asyncio.sleep(0.1)
+        ops += [op for op, (_, _, sending) in queue.waiting.items() if not sending]
+        await layer.send(channel, {"type": "mode.again", "n": n})
+        assert (await asyncio.wait_for(waiting, 10))["n"] == n
+    assert len(ops) == 4 and len(set(ops[:3])) == 1 and ops[3] != ops[0], ops
     # A backlog of 3 streaks after a receive that waited: 2 of its receives yield to the loop.
     streak = _results.READY_STREAK
     fenced = asyncio.ensure_future(layer.receive(fence))
@@ -98,6 +110,8 @@ async def main():
     queue, fastpath = _results.for_running_loop(), _native.fastpath()
     await layer.close()
     kind = "fastpath" if fastpath is not None and queue.receive is fastpath.receive else "cffi"
+    again = "fastpath" if fastpath is not None and queue.receive_again is fastpath.receive_again else "cffi"
+    assert again == kind, (again, kind)
     take = "fastpath" if fastpath is not None and queue._take_compiled is fastpath.take else "cffi"
     print(_native.call_mode(), kind, take, *got, "yields", yielded)
 

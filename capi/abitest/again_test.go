@@ -1,0 +1,202 @@
+//go:build linux
+
+package abitest
+
+import (
+	"testing"
+	"time"
+)
+
+// receiveAgain is cn_receive_again with its cn_last_error(): the status, the body of a message
+// that was waiting (CN_OK), and the detail.
+func (s cancelSetup) receiveAgain(op uint64) (int32, []byte, string) {
+	s.c.t.Helper()
+	out, n := uintptr(0xbad), uintptr(0xbad) // garbage: the library must write them
+	st, msg := onThread(func() int32 { return cnReceiveAgain(s.c.h, op, &out, &n) })
+	switch {
+	case st == cnOK && out != 0:
+		return st, cBytes(out, n), msg
+	case out != 0 || n != 0:
+		s.c.t.Errorf("cn_receive_again: %s with body %#x, len %d; want NULL and 0", name(st), out, n)
+	}
+	return st, nil, msg
+}
+
+// takeReceived waits for the one result of op on the setup's queue, a message, and returns its
+// number.
+func (s cancelSetup) takeReceived(op uint64, closure uintptr) int {
+	s.c.t.Helper()
+	r := s.q.one()
+	if r.Op != op || r.Closure != closure || r.Status != cnOK || !r.HasData {
+		s.c.t.Fatalf("result %v, want op %d, closure %d, CN_OK with a message", r, op, closure)
+	}
+	return numberOf(r.Data)
+}
+
+// A receive whose result the last take handed over starts over as the same operation: it waits
+// again, and its next message comes under the same op and closure, as many times as the host
+// asks, each message delivered once.
+func TestReceiveAgainWaitsAsTheSameOperation(t *testing.T) {
+	s := newCancelSetup(t, nil)
+	closure := newClosure()
+	st, _, op := s.c.receive(s.ch, s.q, closure)
+	if st != cnPending {
+		t.Fatalf("cn_receive: %s, want CN_PENDING", name(st))
+	}
+	s.sender.send(s.ch, numbered(t, 1))
+	if n := s.takeReceived(op, closure); n != 1 {
+		t.Fatalf("first result n=%d, want 1", n)
+	}
+	for want := 2; want <= 4; want++ {
+		if st, body, msg := s.receiveAgain(op); st != cnPending {
+			t.Fatalf("cn_receive_again before message %d: %s n=%d (%q), want CN_PENDING", want, name(st), numberOf(body), msg)
+		}
+		s.sender.send(s.ch, numbered(t, want))
+		if n := s.takeReceived(op, closure); n != want {
+			t.Fatalf("result n=%d, want %d", n, want)
+		}
+	}
+	if d := s.delivered(); d != 4 {
+		t.Errorf("delivered = %v, want 4", d)
+	}
+	s.c.nothingWaiting(s.ch)
+}
+
+// A message that is waiting already is returned by the call, in order, and the operation can
+// start over after it too, until it waits again.
+func TestReceiveAgainReturnsAWaitingMessage(t *testing.T) {
+	s := newCancelSetup(t, nil)
+	op := s.c.receivePending(s.ch, s.q)
+	s.sender.send(s.ch, numbered(t, 1))
+	if r := s.q.one(); r.Op != op || numberOf(r.Data) != 1 {
+		t.Fatalf("result %v, want op %d n=1", r, op)
+	}
+	s.sender.send(s.ch, numbered(t, 2))
+	s.sender.send(s.ch, numbered(t, 3))
+	s.c.barrier(s.sender)
+	for want := 2; want <= 3; want++ {
+		if st, body, msg := s.receiveAgain(op); st != cnOK || numberOf(body) != want {
+			t.Fatalf("cn_receive_again with message %d waiting: %s n=%d (%q)", want, name(st), numberOf(body), msg)
+		}
+	}
+	if st, body, _ := s.receiveAgain(op); st != cnPending {
+		t.Fatalf("cn_receive_again on an empty mailbox: %s n=%d, want CN_PENDING", name(st), numberOf(body))
+	}
+	s.sender.send(s.ch, numbered(t, 4))
+	if r := s.q.one(); r.Op != op || numberOf(r.Data) != 4 {
+		t.Fatalf("result %v, want op %d n=4", r, op)
+	}
+}
+
+// The chance to start over ends with the queue's next take, as the chance to give the result
+// back does; before the result was taken there is none, nor for a cancelled receive, an unknown
+// handle or another client's receive. A refused call changes nothing.
+func TestReceiveAgainRefusals(t *testing.T) {
+	s := newCancelSetup(t, nil)
+	op := s.c.receivePending(s.ch, s.q)
+	s.sender.send(s.ch, numbered(t, 1))
+	s.c.barrier(s.sender)
+	if st, _, msg := s.receiveAgain(op); st != cnNotPending || msg == "" {
+		t.Errorf("cn_receive_again before the result was taken: %s (%q), want CN_NOT_PENDING with a detail", name(st), msg)
+	}
+	if r := s.q.one(); r.Op != op || numberOf(r.Data) != 1 {
+		t.Fatalf("result %v, want op %d n=1", r, op)
+	}
+	if st, _ := onThread(func() int32 { var out, n uintptr; return cnReceiveAgain(s.sender.h, op, &out, &n) }); st != cnNotPending {
+		t.Errorf("cn_receive_again of another client's receive: %s, want CN_NOT_PENDING", name(st))
+	}
+	for _, bad := range []uint64{0, 1 << 62} {
+		if st, _, msg := s.receiveAgain(bad); st != cnInvalidHandle || msg == "" {
+			t.Errorf("cn_receive_again(op %d): %s (%q), want CN_INVALID_HANDLE with a detail", bad, name(st), msg)
+		}
+	}
+	if st, _ := onThread(func() int32 { var n uintptr; return cnReceiveAgain(s.c.h, op, nil, &n) }); st != cnInvalidArg {
+		t.Errorf("cn_receive_again with body NULL: %s, want CN_INVALID_ARG", name(st))
+	}
+	if got := s.q.take(16); len(got) != 0 { // the next take: the result is kept for good
+		t.Fatalf("unexpected results %v", got)
+	}
+	if st, _, _ := s.receiveAgain(op); st != cnNotPending {
+		t.Errorf("cn_receive_again after the next take: %s, want CN_NOT_PENDING", name(st))
+	}
+
+	cancelled := s.c.receivePending(s.ch, s.q)
+	if st, _ := s.cancel(cancelled); st != cnOK {
+		t.Fatalf("cn_cancel: %s", name(st))
+	}
+	if st, _, _ := s.receiveAgain(cancelled); st != cnNotPending {
+		t.Errorf("cn_receive_again of a cancelled receive: %s, want CN_NOT_PENDING", name(st))
+	}
+	s.sender.send(s.ch, numbered(t, 2))
+	s.c.barrier(s.sender)
+	if n := numberOf(s.c.receiveNow(s.ch)); n != 2 {
+		t.Errorf("the next receive by name got n=%d, want 2", n)
+	}
+	s.q.quiet(20 * time.Millisecond)
+}
+
+// cn_cancel of a receive that started over withdraws it while it waits, and gives back its new
+// message once taken, but never the message it had before: the host consumed that one.
+func TestReceiveAgainCancel(t *testing.T) {
+	s := newCancelSetup(t, nil)
+	op := s.c.receivePending(s.ch, s.q)
+	s.sender.send(s.ch, numbered(t, 1))
+	if r := s.q.one(); numberOf(r.Data) != 1 {
+		t.Fatalf("result %v, want n=1", r)
+	}
+	if st, _, _ := s.receiveAgain(op); st != cnPending {
+		t.Fatalf("cn_receive_again: %s, want CN_PENDING", name(st))
+	}
+	if st, msg := s.cancel(op); st != cnOK {
+		t.Fatalf("cn_cancel of a receive waiting again: %s (%q), want CN_OK", name(st), msg)
+	}
+	s.q.quiet(20 * time.Millisecond)
+	s.c.nothingWaiting(s.ch) // message 1 stays consumed
+
+	op = s.c.receivePending(s.ch, s.q)
+	s.sender.send(s.ch, numbered(t, 2))
+	if r := s.q.one(); numberOf(r.Data) != 2 {
+		t.Fatalf("result %v, want n=2", r)
+	}
+	if st, _, _ := s.receiveAgain(op); st != cnPending {
+		t.Fatalf("cn_receive_again: %s, want CN_PENDING", name(st))
+	}
+	s.sender.send(s.ch, numbered(t, 3))
+	s.sender.send(s.ch, numbered(t, 4))
+	if r := s.q.one(); r.Op != op || numberOf(r.Data) != 3 {
+		t.Fatalf("result %v, want op %d n=3", r, op)
+	}
+	s.c.barrier(s.sender)
+	if st, msg := s.cancel(op); st != cnOK {
+		t.Fatalf("cn_cancel of a taken result of a receive that started over: %s (%q), want CN_OK", name(st), msg)
+	}
+	for want := 3; want <= 4; want++ {
+		if n := numberOf(s.c.receiveNow(s.ch)); n != want {
+			t.Errorf("after the give-back: n=%d, want %d", n, want)
+		}
+	}
+	if d := s.delivered(); d != 5 {
+		t.Errorf("delivered = %v, want 5 (four messages and the barrier's): the given back message counts once", d)
+	}
+	if st, _, _ := s.receiveAgain(op); st != cnNotPending {
+		t.Errorf("cn_receive_again after cn_cancel: %s, want CN_NOT_PENDING", name(st))
+	}
+}
+
+// A mailbox that was flushed since is not the channel's any more: the receive cannot start
+// over there, and a receive by name makes the new mailbox.
+func TestReceiveAgainAfterFlush(t *testing.T) {
+	s := newCancelSetup(t, nil)
+	op := s.c.receivePending(s.ch, s.q)
+	s.sender.send(s.ch, numbered(t, 1))
+	if r := s.q.one(); numberOf(r.Data) != 1 {
+		t.Fatalf("result %v, want n=1", r)
+	}
+	if st, msg := onThread(func() int32 { return cnFlush(s.c.h) }); st != cnOK {
+		t.Fatalf("cn_flush: %s (%s)", name(st), msg)
+	}
+	if st, _, msg := s.receiveAgain(op); st != cnNotPending || msg == "" {
+		t.Errorf("cn_receive_again after cn_flush: %s (%q), want CN_NOT_PENDING with a detail", name(st), msg)
+	}
+	s.q.quiet(20 * time.Millisecond)
+}
