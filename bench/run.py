@@ -747,6 +747,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=2000, help="throughput messages (100 B; 64 KB gets a fifth)")
     parser.add_argument("--consumers", type=int, default=2000, help="memory: idle WebSocket consumers")
     parser.add_argument("--memory-repeats", type=int, default=1, help="repeats of the (slow) memory scenario")
+    parser.add_argument(
+        "--wake-repeats",
+        type=int,
+        default=5,
+        help="repeats of the wake scenario (5: a spell of the machine's slowness moves one run of it by half)",
+    )
     parser.add_argument("--timeout", type=float, default=150, help="seconds per run")
     parser.add_argument("--skip-setup", action="store_true", help="do not run make/pip/apt/reference setup")
     parser.add_argument(
@@ -800,7 +806,7 @@ def main() -> None:
     skipped = [j for j in jobs(args, layers) if j not in todo]
 
     def repeats(scenario: str) -> int:
-        return args.memory_repeats if scenario == "memory" else args.repeats
+        return {"memory": args.memory_repeats, "wake": args.wake_repeats}.get(scenario, args.repeats)
 
     runs_total = sum(repeats(s) for s, _, _ in todo)
     eta = sum(ESTIMATE.get(s, 5) * (3 if p.get("members", 0) >= 10000 else 1) * repeats(s) for s, p, _ in todo)
