@@ -259,13 +259,11 @@ func cngo_receive_again(h C.cn_client, id C.cn_op, bodyOut **C.uint8_t, lenOut *
 	if err != nil {
 		return fail(err)
 	}
-	if id == 0 || uint64(id) > lastHandle.Load() {
-		return fail(errInvalidOp)
-	}
-	c.mu.Lock()
-	o := c.ops[uint64(id)]
-	c.mu.Unlock()
-	if o == nil {
+	o, err := c.opOf(id)
+	switch {
+	case err != nil:
+		return fail(err)
+	case o == nil:
 		return fail(layer.ErrNotAgain)
 	}
 	msg, waits, err := o.again()
@@ -410,12 +408,10 @@ func cngo_cancel(h C.cn_client, id C.cn_op) (st C.cn_status) {
 	if err != nil {
 		return fail(err)
 	}
-	if id == 0 || uint64(id) > lastHandle.Load() {
-		return fail(errInvalidOp)
+	o, err := c.opOf(id)
+	if err != nil {
+		return fail(err)
 	}
-	c.mu.Lock()
-	o := c.ops[uint64(id)]
-	c.mu.Unlock()
 	if o == nil || !o.withdraw() {
 		return fail(errNotPending)
 	}

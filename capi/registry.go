@@ -162,6 +162,17 @@ const (
 	opWithdrawn                // cancelled or retracted
 )
 
+// opOf is c's pending operation id, or nil when it ended (or is another client's);
+// errInvalidOp for a handle this library never issued.
+func (c *client) opOf(id C.cn_op) (*op, error) {
+	if id == 0 || uint64(id) > lastHandle.Load() {
+		return nil, errInvalidOp
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ops[uint64(id)], nil
+}
+
 func (c *client) newOp(l *layer.Layer, q *resultQueue, closure C.uintptr_t) *op {
 	return new(op).start(c, l, q, closure)
 }

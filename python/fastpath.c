@@ -218,6 +218,20 @@ static PyObject *fastpath_received(const void *data, size_t len) {
     return message;
 }
 
+/* Whether a receive may go ahead: it got want arguments, and configure() was called. Else false,
+   with a TypeError or RuntimeError that names the call by its usage. */
+static int fastpath_receives(const char *usage, Py_ssize_t nargs, Py_ssize_t want) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, want);
+        return 0;
+    }
+    if (fastpath_decode == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "%s: configure() was not called", usage);
+        return 0;
+    }
+    return 1;
+}
+
 /* What receive and receive_again return for a call that returned status: the message it lent,
    the op of a receive that waits, or minus the status. Counts the streak of ready receives. */
 static PyObject *fastpath_receive_result(cn_status status, cn_op op, const uint8_t *body, size_t len) {
@@ -245,12 +259,7 @@ static PyObject *fastpath_receive_result(cn_status status, cn_op op, const uint8
  */
 static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "receive(client, channel, queue) takes 3 arguments");
-        return NULL;
-    }
-    if (fastpath_decode == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "receive: configure() was not called");
+    if (!fastpath_receives("receive(client, channel, queue)", nargs, 3)) {
         return NULL;
     }
     unsigned long long client = fastpath_handle(args[0]), queue = fastpath_handle(args[2]);
@@ -281,12 +290,7 @@ static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ss
  */
 static PyObject *fastpath_receive_again(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "receive_again(client, op) takes 2 arguments");
-        return NULL;
-    }
-    if (fastpath_decode == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "receive_again: configure() was not called");
+    if (!fastpath_receives("receive_again(client, op)", nargs, 2)) {
         return NULL;
     }
     unsigned long long client = fastpath_handle(args[0]), op = fastpath_handle(args[1]);

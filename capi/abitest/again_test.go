@@ -33,6 +33,18 @@ func (s cancelSetup) takeReceived(op uint64, closure uintptr) int {
 	return numberOf(r.Data)
 }
 
+// tookOne starts a receive on the setup's channel that waits, sends it message n, and takes its
+// result with one take of the setup's queue: the receive can start over until the next take.
+func (s cancelSetup) tookOne(n int) uint64 {
+	s.c.t.Helper()
+	op := s.c.receivePending(s.ch, s.q)
+	s.sender.send(s.ch, numbered(s.c.t, n))
+	if r := s.q.one(); r.Op != op || numberOf(r.Data) != n {
+		s.c.t.Fatalf("result %v, want op %d n=%d", r, op, n)
+	}
+	return op
+}
+
 // A receive whose result the last take handed over starts over as the same operation: it waits
 // again, and its next message comes under the same op and closure, as many times as the host
 // asks, each message delivered once.
@@ -66,11 +78,7 @@ func TestReceiveAgainWaitsAsTheSameOperation(t *testing.T) {
 // start over after it too, until it waits again.
 func TestReceiveAgainReturnsAWaitingMessage(t *testing.T) {
 	s := newCancelSetup(t, nil)
-	op := s.c.receivePending(s.ch, s.q)
-	s.sender.send(s.ch, numbered(t, 1))
-	if r := s.q.one(); r.Op != op || numberOf(r.Data) != 1 {
-		t.Fatalf("result %v, want op %d n=1", r, op)
-	}
+	op := s.tookOne(1)
 	s.sender.send(s.ch, numbered(t, 2))
 	s.sender.send(s.ch, numbered(t, 3))
 	s.c.barrier(s.sender)
@@ -139,11 +147,7 @@ func TestReceiveAgainRefusals(t *testing.T) {
 // message once taken, but never the message it had before: the host consumed that one.
 func TestReceiveAgainCancel(t *testing.T) {
 	s := newCancelSetup(t, nil)
-	op := s.c.receivePending(s.ch, s.q)
-	s.sender.send(s.ch, numbered(t, 1))
-	if r := s.q.one(); numberOf(r.Data) != 1 {
-		t.Fatalf("result %v, want n=1", r)
-	}
+	op := s.tookOne(1)
 	if st, _, _ := s.receiveAgain(op); st != cnPending {
 		t.Fatalf("cn_receive_again: %s, want CN_PENDING", name(st))
 	}
@@ -153,11 +157,7 @@ func TestReceiveAgainCancel(t *testing.T) {
 	s.q.quiet(20 * time.Millisecond)
 	s.c.nothingWaiting(s.ch) // message 1 stays consumed
 
-	op = s.c.receivePending(s.ch, s.q)
-	s.sender.send(s.ch, numbered(t, 2))
-	if r := s.q.one(); numberOf(r.Data) != 2 {
-		t.Fatalf("result %v, want n=2", r)
-	}
+	op = s.tookOne(2)
 	if st, _, _ := s.receiveAgain(op); st != cnPending {
 		t.Fatalf("cn_receive_again: %s, want CN_PENDING", name(st))
 	}
@@ -187,11 +187,7 @@ func TestReceiveAgainCancel(t *testing.T) {
 // over there, and a receive by name makes the new mailbox.
 func TestReceiveAgainAfterFlush(t *testing.T) {
 	s := newCancelSetup(t, nil)
-	op := s.c.receivePending(s.ch, s.q)
-	s.sender.send(s.ch, numbered(t, 1))
-	if r := s.q.one(); numberOf(r.Data) != 1 {
-		t.Fatalf("result %v, want n=1", r)
-	}
+	op := s.tookOne(1)
 	if st, msg := onThread(func() int32 { return cnFlush(s.c.h) }); st != cnOK {
 		t.Fatalf("cn_flush: %s (%s)", name(st), msg)
 	}

@@ -264,6 +264,17 @@ func stormWorker(t *testing.T, c *client, ch string, q *queue, k, sends int) map
 		t.Errorf("worker %d: no result for op %d", k, op)
 		return result{}, false
 	}
+	// withdraw cancels op before any take of its result: no result may come after CN_OK.
+	withdraw := func(op uint64, path string) {
+		if st := cnCancel(c.h, op); st != cnOK {
+			t.Errorf("worker %d: cn_cancel (%s): %s, want CN_OK", k, path, name(st))
+		}
+		drain(t, q.rfd)
+		for _, r := range take() {
+			t.Errorf("worker %d: a result after CN_OK from cn_cancel (%s): %v", k, path, r)
+		}
+		tally[path]++
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for received := 0; received < sends; {
 		if time.Now().After(deadline) {
@@ -287,14 +298,7 @@ func stormWorker(t *testing.T, c *client, ch string, q *queue, k, sends int) map
 		case 0: // cancel after a moment: it may meet the delivery
 			for end := time.Now().Add(time.Duration(rng.IntN(80)) * time.Microsecond); time.Now().Before(end); {
 			}
-			if st := cnCancel(c.h, op); st != cnOK {
-				t.Errorf("worker %d: cn_cancel before any take: %s, want CN_OK", k, name(st))
-			}
-			drain(t, q.rfd)
-			for _, r := range take() {
-				t.Errorf("worker %d: a result after CN_OK from cn_cancel: %v", k, r)
-			}
-			tally["withdrawn"]++
+			withdraw(op, "withdrawn")
 		case 1: // the consumer goes away after the result reached it: give it back
 			if _, ok := await(op); !ok {
 				return tally
@@ -337,14 +341,7 @@ func stormWorker(t *testing.T, c *client, ch string, q *queue, k, sends int) map
 				received++
 				tally["again at once"]++
 			case st == cnPending && rng.IntN(2) == 0:
-				if st := cnCancel(c.h, op); st != cnOK {
-					t.Errorf("worker %d: cn_cancel of a receive waiting again: %s, want CN_OK", k, name(st))
-				}
-				drain(t, q.rfd)
-				for _, r := range take() {
-					t.Errorf("worker %d: a result after CN_OK from cn_cancel: %v", k, r)
-				}
-				tally["again withdrawn"]++
+				withdraw(op, "again withdrawn")
 			case st == cnPending:
 				if r, ok := await(op); !ok {
 					return tally
