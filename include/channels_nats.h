@@ -34,11 +34,11 @@
  * message, for room in the outbound buffer, for the server to confirm a subscription, for a
  * connection) returns CN_PENDING, stores its handle in *op, and later puts exactly one result
  * (a cn_result) into the result queue given with it, unless cn_cancel() withdrew it first (a
- * receive that cn_receive_again() starts over is pending again: one more result per CN_PENDING). No
- * library thread ever calls into the host for a result: the host takes results from its queue on
- * its own thread, whenever it likes. This holds whatever the network does: with the server
- * frozen or the link stalled, calls keep returning at once, and sends wait as CN_PENDING
- * (backpressure) instead of blocking their thread.
+ * receive that cn_receive_again() starts over is pending again: one more result per
+ * CN_PENDING). No library thread ever calls into the host for a result: the host takes results
+ * from its queue on its own thread, whenever it likes. This holds whatever the network does:
+ * with the server frozen or the link stalled, calls keep returning at once, and sends wait as
+ * CN_PENDING (backpressure) instead of blocking their thread.
  *
  * Result queues and threads
  * -------------------------
@@ -343,12 +343,13 @@ CN_EXTERN cn_status cn_receive(cn_client client, const char *channel, cn_queue q
  * receive again until the queue's next take.
  * CN_PENDING: the receive waits again; its result comes to the same queue under the same op,
  * as a cn_receive() result does, and cn_cancel(op) withdraws it.
- * CN_NOT_PENDING: op cannot start over: its result was not taken yet, or was kept by a later
- * take than the last, or did not carry a message; op was cancelled; or the channel's mailbox was
- * reclaimed or flushed since. Nothing happened: receive with cn_receive().
- * Lends memory like cn_receive(): not concurrently with cn_queue_take() or cn_receive() with the
- * same queue. Returns CN_OK, CN_PENDING, CN_NOT_PENDING, CN_INVALID_ARG, CN_INVALID_HANDLE (op 0
- * or never issued, unknown client), CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL.
+ * CN_NOT_PENDING: op cannot start over: its result was not taken yet, or its queue was taken
+ * from again since, or the result did not carry a message; op was cancelled; or the channel's
+ * mailbox was reclaimed or flushed since. Nothing happened: receive with cn_receive().
+ * Any thread, but lends memory like cn_receive(): not concurrently with cn_queue_take(),
+ * cn_receive() or cn_receive_again() with the same queue.
+ * Returns CN_OK, CN_PENDING, CN_NOT_PENDING, CN_INVALID_ARG, CN_INVALID_HANDLE (op 0 or never
+ * issued, unknown client), CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL.
  */
 CN_EXTERN cn_status cn_receive_again(cn_client client, cn_op op, const uint8_t **body, size_t *len);
 
