@@ -202,14 +202,21 @@ func cngo_group_send(h C.cn_client, group *C.char, body *C.uint8_t, n C.size_t, 
 func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintptr_t,
 	bodyOut **C.uint8_t, lenOut *C.size_t, opOut *C.cn_op) (st C.cn_status) {
 	defer recoverStatus(&st)
+	var again C.cn_op // with channel NULL: the receive to start over
 	if opOut != nil {
-		*opOut = 0
+		again, *opOut = *opOut, 0
 	}
 	if bodyOut == nil || lenOut == nil {
 		return fail(argError("body and len must not be NULL"))
 	}
 	storeAddress(unsafe.Pointer(bodyOut), 0)
 	*lenOut = 0
+	if channel == nil {
+		if again == 0 {
+			return fail(argError("channel must not be NULL, unless *op names a receive to start over"))
+		}
+		return receiveAgain(h, again, qh, bodyOut, lenOut, opOut)
+	}
 	lent, err := lentBytes(channel, "channel")
 	if err != nil {
 		return fail(err)
@@ -247,15 +254,11 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 	return C.CN_PENDING
 }
 
-//export cngo_receive_again
-func cngo_receive_again(h C.cn_client, id C.cn_op, bodyOut **C.uint8_t, lenOut *C.size_t) (st C.cn_status) {
-	defer recoverStatus(&st)
-	if bodyOut == nil || lenOut == nil {
-		return fail(argError("body and len must not be NULL"))
-	}
-	storeAddress(unsafe.Pointer(bodyOut), 0)
-	*lenOut = 0
-	c, _, err := usable(h)
+// receiveAgain is cn_receive with channel NULL: it starts over receive id, whose message the
+// last take of its queue (qh) handed over (op.again).
+func receiveAgain(h C.cn_client, id C.cn_op, qh C.cn_queue, bodyOut **C.uint8_t, lenOut *C.size_t,
+	opOut *C.cn_op) C.cn_status {
+	c, _, q, err := target(h, qh)
 	if err != nil {
 		return fail(err)
 	}
@@ -265,15 +268,18 @@ func cngo_receive_again(h C.cn_client, id C.cn_op, bodyOut **C.uint8_t, lenOut *
 		return fail(err)
 	case o == nil:
 		return fail(layer.ErrNotAgain)
+	case o.q != q:
+		return fail(argError("queue must be the queue of the receive that starts over"))
 	}
 	msg, waits, err := o.again()
 	switch {
 	case err != nil:
 		return fail(err)
 	case waits:
+		*opOut = id
 		return C.CN_PENDING
 	}
-	lendReceived(o.q, msg, bodyOut, lenOut)
+	lendReceived(q, msg, bodyOut, lenOut)
 	return C.CN_OK
 }
 

@@ -140,8 +140,8 @@ type op struct {
 	closure C.uintptr_t
 	l       *layer.Layer
 	sent    bool // a send: once accepted, it is not taken back
-	// reusable is a receive's record in the layer, which cn_receive_again starts over; nil for
-	// the other operations.
+	// reusable is a receive's record in the layer, which a cn_receive with channel NULL starts
+	// over; nil for the other operations.
 	reusable *layer.Receipt
 
 	mu       sync.Mutex
@@ -264,7 +264,7 @@ func (o *op) taken() bool { return o.advance(opQueued, opTaken) }
 func (o *op) kept() bool { return o.advance(opTaken, opDone) }
 
 // again starts o over: a receive whose result the host took with its queue's last take, or
-// that received again since, waits for the next message of its channel (cn_receive_again).
+// that received again since, waits for the next message of its channel (cn_receive with channel NULL).
 // waits: it is pending again, and its next result comes under the same handle; otherwise msg
 // was waiting, or err says why o cannot start over (layer.ErrNotAgain, layer.ErrClosed).
 //

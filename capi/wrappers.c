@@ -150,11 +150,6 @@ cn_status cn_receive(cn_client client, const char *channel, cn_queue queue, void
     return cngo_receive(client, (char *)channel, queue, CN_CLOSURE(closure), (uint8_t **)body, len, op);
 }
 
-cn_status cn_receive_again(cn_client client, cn_op op, const uint8_t **body, size_t *len) {
-    CN_ENTER();
-    return cngo_receive_again(client, op, (uint8_t **)body, len);
-}
-
 cn_status cn_cancel(cn_client client, cn_op op) {
     CN_ENTER();
     return cngo_cancel(client, op);

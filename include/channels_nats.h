@@ -24,8 +24,8 @@
  * - Memory returned through char ** (a channel name, statistics) belongs to the caller, who
  *   releases it with cn_free() and nothing else (the library may use another C runtime than the
  *   host, as on Windows). Message bodies and result texts are lent instead: they belong to the
- *   library and stay valid until the next cn_queue_take(), cn_receive() or cn_receive_again()
- *   with the same queue, or cn_queue_free() of it. Copy what you keep longer.
+ *   library and stay valid until the next cn_queue_take() or cn_receive() with the same queue,
+ *   or cn_queue_free() of it. Copy what you keep longer.
  *
  * No call waits on the network
  * ----------------------------
@@ -34,8 +34,8 @@
  * message, for room in the outbound buffer, for the server to confirm a subscription, for a
  * connection) returns CN_PENDING, stores its handle in *op, and later puts exactly one result
  * (a cn_result) into the result queue given with it, unless cn_cancel() withdrew it first (a
- * receive that cn_receive_again() starts over is pending again: one more result per
- * CN_PENDING). No library thread ever calls into the host for a result: the host takes results
+ * receive that cn_receive() starts over is pending again: one more result per CN_PENDING). No
+ * library thread ever calls into the host for a result: the host takes results
  * from its queue on its own thread, whenever it likes. This holds whatever the network does:
  * with the server frozen or the link stalled, calls keep returning at once, and sends wait as
  * CN_PENDING (backpressure) instead of blocking their thread.
@@ -45,8 +45,8 @@
  * A host makes one queue per event loop (or per thread that waits for results) with
  * cn_queue_new(), watches its notify descriptor, and calls cn_queue_take() when it becomes
  * readable. Operations started on any thread may name any queue. Two rules keep lent memory
- * valid: cn_queue_take(), and cn_receive() and cn_receive_again() with this queue, are not
- * called concurrently from several threads, and nothing they lent is used after the next of them.
+ * valid: cn_queue_take(), and cn_receive() with this queue, are not called concurrently from
+ * several threads, and nothing they lent is used after the next of them.
  *
  * All other functions may be called from any thread, concurrently. Results of one operation
  * kind on one client arrive in the order the operations finished; received messages arrive in
@@ -203,10 +203,10 @@ CN_EXTERN cn_status cn_queue_new(intptr_t notify, cn_queue *queue);
  * Takes up to capacity results from queue, oldest first, without waiting.
  *   results   an array of capacity cn_result the library fills (may be NULL when capacity is 0).
  *   count     required; receives how many were taken (0: the queue was empty).
- * What the results point to is lent until the next cn_queue_take(), cn_receive() or
- * cn_receive_again() with this queue, or cn_queue_free(). What an earlier call lent is released
- * by this one, and the results of the take before can no longer be given back with cn_cancel()
- * or started over with cn_receive_again().
+ * What the results point to is lent until the next cn_queue_take() or cn_receive() with this
+ * queue, or cn_queue_free(). What an earlier call lent is released by this one, and the results
+ * of the take before can no longer be given back with cn_cancel() or started over with
+ * cn_receive().
  * Returns CN_OK, CN_INVALID_ARG, CN_INVALID_HANDLE, CN_ILLEGAL_STATE (from the log callback),
  * CN_FORKED, CN_INTERNAL.
  */
@@ -314,7 +314,8 @@ CN_EXTERN cn_status cn_group_send(cn_client client, const char *group, const uin
  * Receives the next message of a channel: a process channel this client made, the prefix of this
  * client's process channels ("specific.<id>!", which gets every message of them that has no
  * mailbox of its own), or a plain channel (the first receive subscribes to it).
- *   queue, closure, op  for the pending case (op may be NULL).
+ *   channel    the name; or NULL to start over the receive *op names (see below).
+ *   queue, closure, op  for the pending case (op may be NULL, except to start a receive over).
  *   body, len  required.
  * CN_OK: a message was waiting; *body and *len are its body, lent (see Conventions).
  * CN_PENDING: the receive waits in the channel's mailbox; its result carries the message in
@@ -323,35 +324,27 @@ CN_EXTERN cn_status cn_group_send(cn_client client, const char *group, const uin
  * (capacity, expiry) is the only place messages wait. cn_cancel() never loses a message: one
  * already handed to the receive goes back to the front of the mailbox. A plain channel whose last reader was cancelled keeps its
  * subscription for release_linger, so back-to-back receives with timeouts lose nothing.
- * Returns CN_OK, CN_PENDING, CN_INVALID_ARG, CN_INVALID_NAME, CN_FOREIGN_CHANNEL,
- * CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL.
+ *
+ * Starting a receive over: with channel NULL and *op the handle of a receive whose result, a
+ * message, the last cn_queue_take() of queue handed over (or that a start-over returned CN_OK
+ * for since), the same receive waits again for the next message of its channel, in the same
+ * mailbox, with its own closure (the closure argument is not used). A host that receives on a
+ * channel message after message does this for every receive after one that waited: no name is
+ * looked up and no operation is made. It is the host's promise that the message was consumed:
+ * from this call on, cn_cancel(op) no longer gives it back. CN_OK: a message was waiting (lent,
+ * as above); the receive can start over again until the queue's next take. CN_PENDING: it waits
+ * again, *op is the same handle, and its result comes to queue under it, as any receive's does.
+ * CN_NOT_PENDING: it cannot start over (its result was not taken yet, or queue was taken from
+ * again since, or the result carried no message; it was cancelled; or the channel's mailbox was
+ * reclaimed or flushed since): nothing happened, receive by name. *op is 0 after every return
+ * but CN_PENDING, so a host keeps the handle itself. CN_INVALID_ARG when queue is not the
+ * receive's; CN_INVALID_HANDLE for a handle this library never issued.
+ * Returns CN_OK, CN_PENDING, CN_NOT_PENDING (a start-over only), CN_INVALID_ARG,
+ * CN_INVALID_NAME, CN_FOREIGN_CHANNEL, CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED,
+ * CN_INTERNAL.
  */
 CN_EXTERN cn_status cn_receive(cn_client client, const char *channel, cn_queue queue, void *closure,
                                const uint8_t **body, size_t *len, cn_op *op);
-
-/*
- * Receives the next message of the channel of a receive whose result the host took, and
- * consumed: the same receive starts over, in the same mailbox, with the same queue and closure.
- * A host that receives on a channel in a loop calls it instead of cn_receive() for every
- * receive after one that waited: the call looks no name up and makes no new operation.
- *   op         a receive that returned CN_PENDING (from cn_receive() or from this function) whose
- *              result, carrying a message, the last cn_queue_take() of its queue handed over; or
- *              one that returned CN_OK from this function since. It is the host's promise that
- *              the message was consumed: from this call on, cn_cancel(op) no longer gives it back.
- *   body, len  required.
- * CN_OK: a message was waiting; *body and *len are its body, lent (see Conventions). op can
- * receive again until the queue's next take.
- * CN_PENDING: the receive waits again; its result comes to the same queue under the same op,
- * as a cn_receive() result does, and cn_cancel(op) withdraws it.
- * CN_NOT_PENDING: op cannot start over: its result was not taken yet, or its queue was taken
- * from again since, or the result did not carry a message; op was cancelled; or the channel's
- * mailbox was reclaimed or flushed since. Nothing happened: receive with cn_receive().
- * Any thread, but lends memory like cn_receive(): not concurrently with cn_queue_take(),
- * cn_receive() or cn_receive_again() with the same queue.
- * Returns CN_OK, CN_PENDING, CN_NOT_PENDING, CN_INVALID_ARG, CN_INVALID_HANDLE (op 0 or never
- * issued, unknown client), CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED, CN_INTERNAL.
- */
-CN_EXTERN cn_status cn_receive_again(cn_client client, cn_op op, const uint8_t **body, size_t *len);
 
 /*
  * Withdraws a pending operation, or gives back its result. CN_OK: the operation is withdrawn and

@@ -5,11 +5,10 @@
 Writes _cffi.abi3.so next to the library, linked to it (rpath $ORIGIN). Without this module the
 package calls the library through cffi's ABI mode (libffi), which costs about 0.4 µs more per call,
 and a receive that finds a message waiting is one call. The same file holds a second module,
-channels_nats._fastpath (fastpath.c): cn_receive, cn_receive_again and cn_queue_take as one CPython
-call each, which receives and takes use instead of the cffi functions. Both are built for the
-stable ABI, so one build serves every CPython 3.10 and later. The file records a fingerprint of the
-header it was built from, and the package uses it only with a header of the same fingerprint next
-to it.
+channels_nats._fastpath (fastpath.c): cn_receive and cn_queue_take as one CPython call each, which
+receives and takes use instead of the cffi functions. Both are built for the stable ABI, so one
+build serves every CPython 3.10 and later. The file records a fingerprint of the header it was
+built from, and the package uses it only with a header of the same fingerprint next to it.
 
 Linux only for now (a C compiler and the Python headers are needed): elsewhere, or when either is
 missing, nothing is built and the package uses ABI mode. The wheel build hook (hatch_build.py)

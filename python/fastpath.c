@@ -1,5 +1,5 @@
 /*
- * channels_nats._fastpath: cn_receive, cn_receive_again and cn_queue_take as one CPython call each.
+ * channels_nats._fastpath: cn_receive and cn_queue_take as one CPython call each.
  *
  * A receive that finds its message waiting is the hot path of a saturated consumer, and through
  * cffi it costs more than the library call itself: seven arguments converted one by one, two
@@ -282,18 +282,20 @@ static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ss
 }
 
 /*
- * receive_again(client: int, op: int) -> message | int
+ * receive_again(client: int, op: int, queue: int) -> message | int
  *
- * cn_receive_again, returning what receive does: the decoded message, the op when it waits again
- * (> 0), minus the status of a failed call (< 0: -CN_NOT_PENDING when op cannot start over), or
- * 0 after the streak of ready receives (nothing was taken).
+ * cn_receive with channel NULL and *op set: the receive op, whose message the queue's last take
+ * handed over, starts over. Returns what receive does: the decoded message, the op when it waits
+ * again (> 0), minus the status of a failed call (< 0: -CN_NOT_PENDING when it cannot start
+ * over), or 0 after the streak of ready receives (nothing was taken).
  */
 static PyObject *fastpath_receive_again(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (!fastpath_receives("receive_again(client, op)", nargs, 2)) {
+    if (!fastpath_receives("receive_again(client, op, queue)", nargs, 3)) {
         return NULL;
     }
-    unsigned long long client = fastpath_handle(args[0]), op = fastpath_handle(args[1]);
+    unsigned long long client = fastpath_handle(args[0]), again = fastpath_handle(args[1]),
+                       queue = fastpath_handle(args[2]);
     if (PyErr_Occurred()) {
         return NULL;
     }
@@ -303,8 +305,9 @@ static PyObject *fastpath_receive_again(PyObject *module, PyObject *const *args,
     }
     const uint8_t *body = NULL;
     size_t len = 0;
-    cn_status status = cn_receive_again((cn_client)client, (cn_op)op, &body, &len);
-    return fastpath_receive_result(status, (cn_op)op, body, len);
+    cn_op op = (cn_op)again;
+    cn_status status = cn_receive((cn_client)client, NULL, (cn_queue)queue, NULL, &body, &len, &op);
+    return fastpath_receive_result(status, op, body, len);
 }
 
 /*
@@ -442,7 +445,7 @@ static PyMethodDef fastpath_methods[] = {
      "cn_receive: the decoded message, or the op of a pending receive (> 0), minus an error status (< 0), "
      "or 0 to yield to the event loop first."},
     {"receive_again", (PyCFunction)(void (*)(void))fastpath_receive_again, METH_FASTCALL,
-     "cn_receive_again: as receive, with the op of a receive whose result was taken, which waits again as that op."},
+     "cn_receive starting over op, a receive whose message the queue's last take handed over: as receive."},
     {"take", (PyCFunction)(void (*)(void))fastpath_take, METH_FASTCALL,
      "cn_queue_take, its received messages settled here and every other result passed to other(), in order: "
      "the number of results taken, or minus an error status."},

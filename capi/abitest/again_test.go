@@ -7,17 +7,27 @@ import (
 	"time"
 )
 
-// receiveAgain is cn_receive_again with its cn_last_error(): the status, the body of a message
-// that was waiting (CN_OK), and the detail.
+// receiveAgain is cn_receive with channel NULL, starting receive op over on the setup's queue,
+// with its cn_last_error(): the status, the body of a message that was waiting (CN_OK), and the
+// detail. *op must come back as op with CN_PENDING, else 0.
 func (s cancelSetup) receiveAgain(op uint64) (int32, []byte, string) {
 	s.c.t.Helper()
+	return s.receiveAgainOn(op, s.q)
+}
+
+func (s cancelSetup) receiveAgainOn(op uint64, q *queue) (int32, []byte, string) {
+	s.c.t.Helper()
 	out, n := uintptr(0xbad), uintptr(0xbad) // garbage: the library must write them
-	st, msg := onThread(func() int32 { return cnReceiveAgain(s.c.h, op, &out, &n) })
+	inout := op
+	st, msg := onThread(func() int32 { return cnReceive(s.c.h, nil, q.h, 0, &out, &n, &inout) })
+	if want := map[bool]uint64{true: op, false: 0}[st == cnPending]; inout != want {
+		s.c.t.Errorf("cn_receive starting %d over: %s with *op %d, want %d", op, name(st), inout, want)
+	}
 	switch {
 	case st == cnOK && out != 0:
 		return st, cBytes(out, n), msg
 	case out != 0 || n != 0:
-		s.c.t.Errorf("cn_receive_again: %s with body %#x, len %d; want NULL and 0", name(st), out, n)
+		s.c.t.Errorf("cn_receive starting over: %s with body %#x, len %d; want NULL and 0", name(st), out, n)
 	}
 	return st, nil, msg
 }
@@ -61,7 +71,7 @@ func TestReceiveAgainWaitsAsTheSameOperation(t *testing.T) {
 	}
 	for want := 2; want <= 4; want++ {
 		if st, body, msg := s.receiveAgain(op); st != cnPending {
-			t.Fatalf("cn_receive_again before message %d: %s n=%d (%q), want CN_PENDING", want, name(st), numberOf(body), msg)
+			t.Fatalf("a start-over before message %d: %s n=%d (%q), want CN_PENDING", want, name(st), numberOf(body), msg)
 		}
 		s.sender.send(s.ch, numbered(t, want))
 		if n := s.takeReceived(op, closure); n != want {
@@ -84,11 +94,11 @@ func TestReceiveAgainReturnsAWaitingMessage(t *testing.T) {
 	s.c.barrier(s.sender)
 	for want := 2; want <= 3; want++ {
 		if st, body, msg := s.receiveAgain(op); st != cnOK || numberOf(body) != want {
-			t.Fatalf("cn_receive_again with message %d waiting: %s n=%d (%q)", want, name(st), numberOf(body), msg)
+			t.Fatalf("a start-over with message %d waiting: %s n=%d (%q)", want, name(st), numberOf(body), msg)
 		}
 	}
 	if st, body, _ := s.receiveAgain(op); st != cnPending {
-		t.Fatalf("cn_receive_again on an empty mailbox: %s n=%d, want CN_PENDING", name(st), numberOf(body))
+		t.Fatalf("a start-over on an empty mailbox: %s n=%d, want CN_PENDING", name(st), numberOf(body))
 	}
 	s.sender.send(s.ch, numbered(t, 4))
 	if r := s.q.one(); r.Op != op || numberOf(r.Data) != 4 {
@@ -105,27 +115,32 @@ func TestReceiveAgainRefusals(t *testing.T) {
 	s.sender.send(s.ch, numbered(t, 1))
 	s.c.barrier(s.sender)
 	if st, _, msg := s.receiveAgain(op); st != cnNotPending || msg == "" {
-		t.Errorf("cn_receive_again before the result was taken: %s (%q), want CN_NOT_PENDING with a detail", name(st), msg)
+		t.Errorf("a start-over before the result was taken: %s (%q), want CN_NOT_PENDING with a detail", name(st), msg)
 	}
 	if r := s.q.one(); r.Op != op || numberOf(r.Data) != 1 {
 		t.Fatalf("result %v, want op %d n=1", r, op)
 	}
-	if st, _ := onThread(func() int32 { var out, n uintptr; return cnReceiveAgain(s.sender.h, op, &out, &n) }); st != cnNotPending {
-		t.Errorf("cn_receive_again of another client's receive: %s, want CN_NOT_PENDING", name(st))
+	other := op
+	if st, _ := onThread(func() int32 { var out, n uintptr; return cnReceive(s.sender.h, nil, s.q.h, 0, &out, &n, &other) }); st != cnNotPending {
+		t.Errorf("starting over another client's receive: %s, want CN_NOT_PENDING", name(st))
 	}
-	for _, bad := range []uint64{0, 1 << 62} {
-		if st, _, msg := s.receiveAgain(bad); st != cnInvalidHandle || msg == "" {
-			t.Errorf("cn_receive_again(op %d): %s (%q), want CN_INVALID_HANDLE with a detail", bad, name(st), msg)
-		}
+	if st, _, msg := s.receiveAgain(0); st != cnInvalidArg || msg == "" {
+		t.Errorf("cn_receive with channel NULL and *op 0: %s (%q), want CN_INVALID_ARG with a detail", name(st), msg)
 	}
-	if st, _ := onThread(func() int32 { var n uintptr; return cnReceiveAgain(s.c.h, op, nil, &n) }); st != cnInvalidArg {
-		t.Errorf("cn_receive_again with body NULL: %s, want CN_INVALID_ARG", name(st))
+	if st, _, msg := s.receiveAgain(1 << 62); st != cnInvalidHandle || msg == "" {
+		t.Errorf("starting over op 1<<62: %s (%q), want CN_INVALID_HANDLE with a detail", name(st), msg)
+	}
+	if st, _, msg := s.receiveAgainOn(op, s.c.own); st != cnInvalidArg || msg == "" {
+		t.Errorf("starting over with another queue: %s (%q), want CN_INVALID_ARG with a detail", name(st), msg)
+	}
+	if st, _ := onThread(func() int32 { var n uintptr; inout := op; return cnReceive(s.c.h, nil, s.q.h, 0, nil, &n, &inout) }); st != cnInvalidArg {
+		t.Errorf("starting over with body NULL: %s, want CN_INVALID_ARG", name(st))
 	}
 	if got := s.q.take(16); len(got) != 0 { // the next take: the result is kept for good
 		t.Fatalf("unexpected results %v", got)
 	}
 	if st, _, _ := s.receiveAgain(op); st != cnNotPending {
-		t.Errorf("cn_receive_again after the next take: %s, want CN_NOT_PENDING", name(st))
+		t.Errorf("a start-over after the next take: %s, want CN_NOT_PENDING", name(st))
 	}
 
 	cancelled := s.c.receivePending(s.ch, s.q)
@@ -133,7 +148,7 @@ func TestReceiveAgainRefusals(t *testing.T) {
 		t.Fatalf("cn_cancel: %s", name(st))
 	}
 	if st, _, _ := s.receiveAgain(cancelled); st != cnNotPending {
-		t.Errorf("cn_receive_again of a cancelled receive: %s, want CN_NOT_PENDING", name(st))
+		t.Errorf("a start-over of a cancelled receive: %s, want CN_NOT_PENDING", name(st))
 	}
 	s.sender.send(s.ch, numbered(t, 2))
 	s.c.barrier(s.sender)
@@ -149,7 +164,7 @@ func TestReceiveAgainCancel(t *testing.T) {
 	s := newCancelSetup(t, nil)
 	op := s.tookOne(1)
 	if st, _, _ := s.receiveAgain(op); st != cnPending {
-		t.Fatalf("cn_receive_again: %s, want CN_PENDING", name(st))
+		t.Fatalf("a start-over: %s, want CN_PENDING", name(st))
 	}
 	if st, msg := s.cancel(op); st != cnOK {
 		t.Fatalf("cn_cancel of a receive waiting again: %s (%q), want CN_OK", name(st), msg)
@@ -159,7 +174,7 @@ func TestReceiveAgainCancel(t *testing.T) {
 
 	op = s.tookOne(2)
 	if st, _, _ := s.receiveAgain(op); st != cnPending {
-		t.Fatalf("cn_receive_again: %s, want CN_PENDING", name(st))
+		t.Fatalf("a start-over: %s, want CN_PENDING", name(st))
 	}
 	s.sender.send(s.ch, numbered(t, 3))
 	s.sender.send(s.ch, numbered(t, 4))
@@ -179,7 +194,7 @@ func TestReceiveAgainCancel(t *testing.T) {
 		t.Errorf("delivered = %v, want 5 (four messages and the barrier's): the given back message counts once", d)
 	}
 	if st, _, _ := s.receiveAgain(op); st != cnNotPending {
-		t.Errorf("cn_receive_again after cn_cancel: %s, want CN_NOT_PENDING", name(st))
+		t.Errorf("a start-over after cn_cancel: %s, want CN_NOT_PENDING", name(st))
 	}
 }
 
@@ -192,7 +207,7 @@ func TestReceiveAgainAfterFlush(t *testing.T) {
 		t.Fatalf("cn_flush: %s (%s)", name(st), msg)
 	}
 	if st, _, msg := s.receiveAgain(op); st != cnNotPending || msg == "" {
-		t.Errorf("cn_receive_again after cn_flush: %s (%q), want CN_NOT_PENDING with a detail", name(st), msg)
+		t.Errorf("a start-over after cn_flush: %s (%q), want CN_NOT_PENDING with a detail", name(st), msg)
 	}
 	s.q.quiet(20 * time.Millisecond)
 }

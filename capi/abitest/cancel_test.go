@@ -175,7 +175,7 @@ func TestCancelHandles(t *testing.T) {
 
 // Receives started and cancelled in tight loops on several threads (each with its own queue),
 // racing with sends: cancels that meet a delivery, give back taken results, or come after the
-// next take, and receives started over with cn_receive_again, then kept or cancelled. Every
+// next take, and receives started over (channel NULL), then kept or cancelled. Every
 // message is received exactly once, and delivered counts exactly those kept.
 func TestCancelStorm(t *testing.T) {
 	ts := startServer(t)
@@ -323,7 +323,7 @@ func stormWorker(t *testing.T, c *client, ch string, q *queue, k, sends int) map
 				received++
 			}
 			tally["kept"]++
-		case 3: // kept, and the receive starts over (cn_receive_again), then waits or is cancelled
+		case 3: // kept, and the receive starts over (channel NULL), then waits or is cancelled
 			r, ok := await(op)
 			if !ok {
 				return tally
@@ -335,7 +335,8 @@ func stormWorker(t *testing.T, c *client, ch string, q *queue, k, sends int) map
 			if received == sends {
 				continue
 			}
-			switch st := cnReceiveAgain(c.h, op, &out, &n); {
+			again := op
+			switch st := cnReceive(c.h, nil, q.h, 0, &out, &n, &again); {
 			case st == cnOK:
 				count[numberOf(cBytes(out, n))]++
 				received++
@@ -351,7 +352,7 @@ func stormWorker(t *testing.T, c *client, ch string, q *queue, k, sends int) map
 				}
 				tally["again kept"]++
 			default:
-				t.Errorf("worker %d: cn_receive_again: %s", k, name(st))
+				t.Errorf("worker %d: cn_receive starting over: %s", k, name(st))
 				return tally
 			}
 		}

@@ -58,7 +58,7 @@ func checkAll(t *testing.T, what string, h uint64, want int32, except ...string)
 		{"cn_send", func() int32 { return cnSend(h, cs(ch), b, n, q.h, 0, &op) }},
 		{"cn_group_send", func() int32 { return cnGroupSend(h, cs("grp"), b, n, q.h, 0, &op) }},
 		{"cn_receive", func() int32 { return cnReceive(h, cs("plain"), q.h, 0, &out, &blen, &op) }},
-		{"cn_receive_again", func() int32 { return cnReceiveAgain(h, 1, &out, &blen) }},
+		{"cn_receive(start over)", func() int32 { again := uint64(1); return cnReceive(h, nil, q.h, 0, &out, &blen, &again) }},
 		{"cn_new_channel", func() int32 { return cnNewChannel(h, nil, q.h, 0, &out, &op) }},
 		{"cn_group_add", func() int32 { return cnGroupAdd(h, cs("grp"), cs("plain"), q.h, 0, &op) }},
 		{"cn_group_discard", func() int32 { return cnGroupDiscard(h, cs("grp"), cs("plain")) }},

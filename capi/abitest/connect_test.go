@@ -290,7 +290,7 @@ func TestConnectStillConnecting(t *testing.T) {
 		{"cn_send", func() int32 { return cnSend(h, cs("chan"), b, bn, q.h, 0, &op) }},
 		{"cn_group_send", func() int32 { return cnGroupSend(h, cs("grp"), b, bn, q.h, 0, &op) }},
 		{"cn_receive", func() int32 { return cnReceive(h, cs("chan"), q.h, 0, &out, &n, &op) }},
-		{"cn_receive_again", func() int32 { return cnReceiveAgain(h, 1, &out, &n) }},
+		{"cn_receive(start over)", func() int32 { again := uint64(1); return cnReceive(h, nil, q.h, 0, &out, &n, &again) }},
 		{"cn_new_channel", func() int32 { return cnNewChannel(h, nil, q.h, 0, &out, &op) }},
 		{"cn_group_add", func() int32 { return cnGroupAdd(h, cs("grp"), cs("chan"), q.h, 0, &op) }},
 		{"cn_group_discard", func() int32 { return cnGroupDiscard(h, cs("grp"), cs("chan")) }},

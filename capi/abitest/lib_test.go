@@ -75,7 +75,6 @@ var (
 	cnSend         func(h uint64, channel *byte, body *byte, n uintptr, queue uint64, closure uintptr, op *uint64) int32
 	cnGroupSend    func(h uint64, group *byte, body *byte, n uintptr, queue uint64, closure uintptr, op *uint64) int32
 	cnReceive      func(h uint64, channel *byte, queue uint64, closure uintptr, body *uintptr, n *uintptr, op *uint64) int32
-	cnReceiveAgain func(h uint64, op uint64, body *uintptr, n *uintptr) int32
 	cnCancel       func(h uint64, op uint64) int32
 	cnNewChannel   func(h uint64, prefix *byte, queue uint64, closure uintptr, channel *uintptr, op *uint64) int32
 	cnGroupAdd     func(h uint64, group, channel *byte, queue uint64, closure uintptr, op *uint64) int32
@@ -170,7 +169,6 @@ func load() error {
 	bind(&cnSend, "cn_send")
 	bind(&cnGroupSend, "cn_group_send")
 	bind(&cnReceive, "cn_receive")
-	bind(&cnReceiveAgain, "cn_receive_again")
 	bind(&cnCancel, "cn_cancel")
 	bind(&cnNewChannel, "cn_new_channel")
 	bind(&cnGroupAdd, "cn_group_add")

@@ -704,15 +704,15 @@ out:
     return ok;
 }
 
-/* cn_receive_again: a receive whose result the last take handed over waits again as the same op,
-   with the same closure, and its next message comes under that op; after the next take it can
-   no longer start over. */
+/* Starting a receive over (cn_receive with channel NULL and *op set): a receive whose result the
+   last take handed over waits again as the same op, with the same closure, and its next message
+   comes under that op; after the next take it can no longer start over. */
 static int check_receive_again(char *why) {
     char ch[128];
     body_t x = body_of("again-x"), y = body_of("again-y");
     const uint8_t *body = NULL;
     size_t len = 77;
-    cn_op op = 0;
+    cn_op op = 0, again = 0;
     hq_got g;
     int ok = 0;
     hq_got_init(&g);
@@ -722,7 +722,10 @@ static int check_receive_again(char *why) {
     EXPECT_OK(send_msg(B, ch, &x));
     REQUIRE(hq_await(&Q, op, MS(5000), &g) == 1 && got_is(&g, &x), "no result with the first message");
     hq_got_clear(&g);
-    EXPECT_ST(cn_receive_again(A, op, &body, &len), CN_PENDING);
+    again = op;
+    EXPECT_ST(cn_receive(A, NULL, Q.q, NULL, &body, &len, &again), CN_PENDING);
+    REQUIRE(again == op, "*op %llu after a start-over, want %llu", (unsigned long long)again,
+            (unsigned long long)op);
     REQUIRE(body == NULL && len == 0, "CN_PENDING with a body (%zu bytes)", len);
     EXPECT_OK(send_msg(B, ch, &y));
     REQUIRE(hq_await(&Q, op, MS(5000), &g) == 1, "no result for the receive that started over");
@@ -730,7 +733,9 @@ static int check_receive_again(char *why) {
             (unsigned long long)g.op, g.closure, (int)g.status);
     REQUIRE(got_is(&g, &y), "second result body differs (len %zu vs %zu)", g.len, y.len);
     REQUIRE(queue_idle(&Q, 0), "more than one result for one receive");
-    EXPECT_FAIL(cn_receive_again(A, op, &body, &len), CN_NOT_PENDING);
+    again = op;
+    EXPECT_FAIL(cn_receive(A, NULL, Q.q, NULL, &body, &len, &again), CN_NOT_PENDING);
+    REQUIRE(again == 0, "*op %llu after a refused start-over, want 0", (unsigned long long)again);
     ok = 1;
 out:
     hq_got_clear(&g);

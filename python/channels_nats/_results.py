@@ -75,7 +75,7 @@ class LoopQueue:
         # the compiled module's one-call receive, else the same through cffi.
         fastpath = _native.fastpath()
         self.receive: Callable[[int, bytes, int], Any] = self._receive_through_cffi
-        self.receive_again: Callable[[int, int], Any] = self._receive_again_through_cffi
+        self.receive_again: Callable[[int, int, int], Any] = self._receive_again_through_cffi
         # A take that settles a fan-out's receives: the compiled module's, else _settle.
         self._take_compiled: Callable[[int, int, dict[int, Waiting], Callable[..., None]], int] | None = None
         if fastpath is not None:
@@ -85,7 +85,6 @@ class LoopQueue:
             self._take_compiled = fastpath.take
         self._settle_other_result = self._settle_other  # one bound method for every take
         self._cn_receive = lib.cn_receive
-        self._cn_receive_again = lib.cn_receive_again
         self._cn_cancel = lib.cn_cancel
         self._on_readable_call = lib.cn_on_readable
         self._null = ffi.NULL
@@ -93,7 +92,7 @@ class LoopQueue:
         self._buffer = ffi.buffer
         self.waiting: dict[int, Waiting] = {}
         # The receive of each channel that waited and got its message since the last take: the
-        # next receive on that channel starts it over (cn_receive_again), which the library allows
+        # next receive on that channel starts it over (cn_receive with no name), which the library allows
         # until this queue's next take, and so the take forgets them.
         self.again: dict[bytes, int] = {}
         self._ready = 0  # receives in a row on this loop that found a message waiting (through cffi)
@@ -193,13 +192,15 @@ class LoopQueue:
         status = self._cn_receive(client, channel, queue, self._null, self._body, self._len, self.op)
         return self._received_through_cffi(status, int(self.op[0]))
 
-    def _receive_again_through_cffi(self, client: int, op: int) -> Any:
-        """cn_receive_again, returning what channels_nats._fastpath.receive_again does: as
-        _receive_through_cffi, with op when the receive waits again."""
+    def _receive_again_through_cffi(self, client: int, op: int, queue: int) -> Any:
+        """cn_receive with channel NULL, starting receive op over, returning what
+        channels_nats._fastpath.receive_again does: as _receive_through_cffi."""
         if self._ready >= READY_STREAK:
             self._ready = 0
             return 0
-        return self._received_through_cffi(self._cn_receive_again(client, op, self._body, self._len), op)
+        self.op[0] = op
+        status = self._cn_receive(client, self._null, queue, self._null, self._body, self._len, self.op)
+        return self._received_through_cffi(status, op)
 
     def _received_through_cffi(self, status: int, op: int) -> Any:
         """What a receive through cffi returns for a call that returned status."""

@@ -322,7 +322,7 @@ class NatsChannelLayer(BaseChannelLayer):
         # was the last: it starts over, with no name to look up and no new operation.
         again = queue.again
         if again and (op := again.pop(name, 0)):
-            got = queue.receive_again(client, op)
+            got = queue.receive_again(client, op, queue.handle)
             if got == _NOT_AGAIN:  # its mailbox was reclaimed or flushed meanwhile
                 got = queue.receive(client, name, queue.handle)
         else:

@@ -49,7 +49,7 @@ async def main():
     await asyncio.wait_for(layer.receive(fence), 10)
     got += [(await layer.receive(channel))["n"] for _ in range(2)]
     # Receives that wait, one after another on a channel, start the last one over
-    # (cn_receive_again): each waits as the same op, and a receive after a flush starts anew.
+    # (cn_receive with no name): each waits as the same op, and a receive after a flush starts anew.
     queue, ops = _results.for_running_loop(), []
     for n in (1, 2, 3, 4):
         if n == 4:
