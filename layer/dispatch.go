@@ -291,8 +291,9 @@ type fanOutOf struct {
 	g       *groupMembers
 	body    []byte
 	now     time.Time
-	next    int    // the first member of l.fanOutScratch still to get it
-	changes uint64 // g.changes when the members were listed
+	members []*mailbox // g.members() when it began
+	next    int        // the first of members still to get it
+	changes uint64     // g.changes when the members were listed
 }
 
 // fanOut enqueues f's body to every process-channel member of its group; they share body, and
@@ -304,17 +305,14 @@ type fanOutOf struct {
 // waits (a backlog), a hand-over would only wake the dispatcher. It returns with l.mu held,
 // unless the layer closed meanwhile (false, l.mu not held).
 func (l *Layer) fanOut(f *fanOutOf, firstChunk bool) bool {
-	if len(f.g.process) <= fanOutChunk {
-		for _, mb := range f.g.process {
+	members := f.g.members()
+	if len(members) <= fanOutChunk {
+		for _, mb := range members {
 			l.enqueue(mb, f.body, f.now)
 		}
 		return true
 	}
-	members := l.fanOutScratch[:0]
-	for _, mb := range f.g.process {
-		members = append(members, mb)
-	}
-	l.fanOutScratch, f.changes = members, f.g.changes
+	f.members, f.changes = members, f.g.changes
 	return l.fanOutChunks(f, firstChunk)
 }
 
@@ -329,21 +327,14 @@ func (l *Layer) continueFanOut() {
 	}
 }
 
-// fanOutChunks is fanOut's delivery to l.fanOutScratch from f.next on, a chunk per hold of the
-// layer lock.
+// fanOutChunks is fanOut's delivery to f.members from f.next on, a chunk per hold of the layer
+// lock.
 func (l *Layer) fanOutChunks(f *fanOutOf, firstChunk bool) bool {
-	members := l.fanOutScratch
-	kept := false
-	defer func() {
-		if !kept {
-			clear(members) // no mailbox stays reachable from here
-			l.fanOutScratch = members[:0]
-		}
-	}()
+	members := f.members
 	for start := f.next; start < len(members); start += fanOutChunk {
 		if start > 0 {
 			if firstChunk && len(l.handoffs.queued) > 0 {
-				f.next, l.fanOutRest, kept = start, f, true
+				f.next, l.fanOutRest = start, f
 				return true
 			}
 			// Let go of the lock: a receive waiting for it takes it, and the members served

@@ -11,9 +11,30 @@ type groupMembers struct {
 	process map[string]*mailbox // process-channel members, fed by one subscription per group
 	plain   map[string]*mailbox // plain-channel members, each fed by its own queue subscription
 	changes uint64              // counts changes of process: a fan-out that let go of l.mu sees them
+	// listed is process as a slice, made by the first fan-out after a change and shared by the
+	// fan-outs until the next: iterating a map of thousands of members for each message cost
+	// more than delivering it to some of them. Never changed in place.
+	listed []*mailbox
 }
 
 func (g *groupMembers) size() int { return len(g.process) + len(g.plain) }
+
+// members returns the process-channel members, listed (see listed). l.mu must be held.
+func (g *groupMembers) members() []*mailbox {
+	if g.listed == nil {
+		g.listed = make([]*mailbox, 0, len(g.process))
+		for _, mb := range g.process {
+			g.listed = append(g.listed, mb)
+		}
+	}
+	return g.listed
+}
+
+// changed records a change of the members.
+func (g *groupMembers) changed() {
+	g.changes++
+	g.listed = nil
+}
 
 // StartGroupAdd makes channel a member of group in this client (S18: membership lives here).
 // It finishes at once (a nil *Op) when the subscriptions it needs are confirmed already;
@@ -54,7 +75,7 @@ func (l *Layer) StartGroupAdd(group, channel string, done func(error)) (*Op, err
 	_, already := members[channel]
 	if !already {
 		members[channel] = mb
-		g.changes++
+		g.changed()
 		mb.groups++
 		mb.readAt = now
 	}
@@ -162,7 +183,7 @@ func (l *Layer) removeMember(name, channel string) bool {
 		return false
 	}
 	delete(members, channel)
-	g.changes++
+	g.changed()
 	mb.groups--
 	if g.size() == 0 {
 		delete(l.groups, name)

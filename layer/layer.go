@@ -119,18 +119,15 @@ type Layer struct {
 	maxPayload atomic.Int64 // the server's max_payload, read when a connection is made
 	server     atomic.Pointer[ServerInfo]
 
-	mu          sync.Mutex
-	closed      bool
-	attempt     *reconnectAttempt
-	recovering  bool // a background recovery loop runs
-	mailboxes   map[string]*mailbox
-	groups      map[string]*groupMembers
-	subs        map[subKey]*subscription
-	subsChanged chan struct{} // closed and replaced whenever a subscription is made or fails
-	handoffs    handoffs
-	// fanOutScratch holds the members of a large group while one message is delivered to them
-	// (fanOut); guarded by routing.
-	fanOutScratch []*mailbox
+	mu            sync.Mutex
+	closed        bool
+	attempt       *reconnectAttempt
+	recovering    bool // a background recovery loop runs
+	mailboxes     map[string]*mailbox
+	groups        map[string]*groupMembers
+	subs          map[subKey]*subscription
+	subsChanged   chan struct{} // closed and replaced whenever a subscription is made or fails
+	handoffs      handoffs
 	fanOutRest    *fanOutOf // guarded by routing: a group message the host's routing left to the dispatcher
 	betweenChunks func()    // tests: runs while fanOut has let go of the layer lock
 }

@@ -819,6 +819,45 @@ func TestMessagingPlainChannelTwoReadersOneLayer(t *testing.T) {
 	}
 }
 
+// A group's fan-out lists its members once and reuses the list until they change: a member that
+// joins after a fan-out gets the next message, and one that left does not.
+func TestMessagingGroupSendFollowsMembershipChanges(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	b := connect(t, testConfig(nil, s.url()))
+	first, second, later := msgNewChannel(t, a), msgNewChannel(t, a), msgNewChannel(t, a)
+	msgGroupAdd(t, a, "room", first)
+	msgGroupAdd(t, a, "room", second)
+	msgGroupSend(t, b, "room", map[string]any{"type": "g", "n": 1})
+	for _, ch := range []string{first, second} {
+		if got := msgRecv(t, a, ch); msgN(t, got) != 1 {
+			t.Fatalf("%s: want message 1, got %v", ch, got)
+		}
+	}
+
+	msgGroupAdd(t, a, "room", later)
+	msgGroupSend(t, b, "room", map[string]any{"type": "g", "n": 2})
+	for _, ch := range []string{first, second, later} {
+		if got := msgRecv(t, a, ch); msgN(t, got) != 2 {
+			t.Fatalf("%s: want message 2 after a member joined, got %v", ch, got)
+		}
+	}
+
+	if err := a.GroupDiscard("room", second); err != nil {
+		t.Fatal(err)
+	}
+	msgGroupSend(t, b, "room", map[string]any{"type": "g", "n": 3})
+	msgSend(t, b, second, map[string]any{"type": "sentinel"})
+	for _, ch := range []string{first, later} {
+		if got := msgRecv(t, a, ch); msgN(t, got) != 3 {
+			t.Fatalf("%s: want message 3 after a member left, got %v", ch, got)
+		}
+	}
+	if got := msgRecv(t, a, second); got["type"] != "sentinel" {
+		t.Fatalf("a member that left got %v", got)
+	}
+}
+
 // Ref 34, SPEC section 3 row 4: a plain channel read by two Layers that both group_add it gets a
 // group message once (queue group <prefix>.ch.<c> on the group subject).
 func TestMessagingGroupToSharedPlainChannelOneReader(t *testing.T) {
