@@ -54,15 +54,24 @@ type resultQueue struct {
 	id     uint64
 	notify *notifier // nil: the host polls
 
-	mu     sync.Mutex
-	items  []outcome
-	array  []outcome // the array items is a window of, kept for the next burst when small
-	lent   []*op     // whose results the last take handed over: retractable until the next take
-	freed  bool
-	pinned runtime.Pinner // bodies lent by the last take or receive
-	last   uintptr        // the body pinned last, until release
-	texts  unsafe.Pointer // C block the last take's texts were copied into
-	size   int            // its size
+	mu    sync.Mutex
+	items []outcome
+	array []outcome // the array items is a window of, kept for the next burst when small
+	lent  []*op     // whose results the last take handed over: retractable until the next take
+	// spareLent is the array of the lent before, for the next take's.
+	spareLent []*op
+	freed     bool
+	pinned    runtime.Pinner // bodies lent by the last take or receive
+	last      uintptr        // the body pinned last, until release
+	block     unsafe.Pointer // C block the last take's texts were copied into
+	size      int            // its size
+	texts     []slotText     // scratch of take: the texts it hands over
+}
+
+// slotText is a text a take copies into its C block, for results[slot].
+type slotText struct {
+	slot int
+	text string
 }
 
 // keptResults bounds the array an emptied queue keeps for its next results. A queue that fills
@@ -142,31 +151,30 @@ func (q *resultQueue) lendAgain(body []byte) uintptr {
 // held.
 func (q *resultQueue) textBlock(n int) []byte {
 	if n > q.size {
-		C.free(q.texts)
+		C.free(q.block)
 		q.size = max(n, 2*q.size, 256)
-		q.texts = C.malloc(C.size_t(q.size))
+		q.block = C.malloc(C.size_t(q.size))
 	}
-	return unsafe.Slice((*byte)(q.texts), q.size)
+	return unsafe.Slice((*byte)(q.block), q.size)
 }
 
 // take moves up to len(results) results into results and returns how many. The results of the
-// take before are kept for good now: their ops are forgotten.
+// take before are kept for good now: their ops are forgotten. It reads only the results it hands
+// over: a fan-out leaves thousands queued, and each take of a window of them went over all of
+// them to size its texts.
 func (q *resultQueue) take(results []resultSlot) int {
 	q.mu.Lock()
 	q.release()
-	kept := q.lent[:0]
-	for _, o := range q.lent {
+	before := q.lent
+	kept := before[:0] // in place: only this take still holds before's array
+	for _, o := range before {
 		if o.kept() {
 			kept = append(kept, o)
 		}
 	}
-	q.lent = nil
-	textBytes := 0
-	for _, r := range q.items {
-		textBytes += len(r.text) + 1
-	}
-	block := q.textBlock(textBytes)
-	at, filled, used := 0, 0, 0
+	q.lent, q.spareLent = q.spareLent[:0], nil
+	texts := q.texts[:0] // the results that carry a text, which goes into the C block below
+	filled, used, textBytes := 0, 0, 0
 	for _, r := range q.items {
 		if filled == len(results) {
 			break
@@ -178,16 +186,24 @@ func (q *resultQueue) take(results []resultSlot) int {
 			}
 			q.lent = append(q.lent, r.op)
 		}
-		var text uintptr // in the C block
 		if r.text != "" {
-			k := copy(block[at:], r.text)
-			block[at+k] = 0
-			text = uintptr(unsafe.Pointer(&block[at]))
-			at += k + 1
+			texts = append(texts, slotText{filled, r.text})
+			textBytes += len(r.text) + 1
 		}
-		results[filled] = resultSlot{C.cn_op(r.id), uintptr(r.closure), r.status, text, q.lend(r.body), C.size_t(len(r.body))}
+		results[filled] = resultSlot{C.cn_op(r.id), uintptr(r.closure), r.status, 0, q.lend(r.body), C.size_t(len(r.body))}
 		filled++
 	}
+	if textBytes > 0 {
+		block, at := q.textBlock(textBytes), 0
+		for _, t := range texts {
+			k := copy(block[at:], t.text)
+			block[at+k] = 0
+			results[t.slot].text = uintptr(unsafe.Pointer(&block[at]))
+			at += k + 1
+		}
+	}
+	clear(texts)
+	q.texts = texts[:0]
 	clear(q.items[:used])
 	q.items = q.items[used:]
 	if len(q.items) == 0 && cap(q.array) > keptResults {
@@ -197,6 +213,12 @@ func (q *resultQueue) take(results []resultSlot) int {
 	for _, o := range kept {
 		o.unregister()
 	}
+	clear(before)
+	q.mu.Lock()
+	if q.spareLent == nil && !q.freed {
+		q.spareLent = before[:0] // the next take's lent, with no allocation
+	}
+	q.mu.Unlock()
 	return filled
 }
 
@@ -211,10 +233,10 @@ func (q *resultQueue) free() []outcome {
 			lent = append(lent, o)
 		}
 	}
-	q.items, q.array, q.lent = nil, nil, nil
+	q.items, q.array, q.lent, q.spareLent = nil, nil, nil, nil
 	q.release()
-	C.free(q.texts)
-	q.texts, q.size = nil, 0
+	C.free(q.block)
+	q.block, q.size = nil, 0
 	q.mu.Unlock()
 	for _, o := range lent {
 		o.unregister()

@@ -324,6 +324,63 @@ func TestQueueCapacity(t *testing.T) {
 	q.quiet(10 * time.Millisecond)
 }
 
+// A take copies the texts of the results it hands over, and only theirs, each to its own
+// result: results with a text (receives ended by the close) and without (received messages),
+// taken a few at a time, as a fan-out leaves them.
+func TestQueueTextsGoToTheirResults(t *testing.T) {
+	ts := startServer(t)
+	c := connect(t, ts.url, nil)
+	sender := connect(t, ts.url, nil)
+	q := newQueue(t)
+	const n = 24
+	for i := range n {
+		ch := c.newChannel("")
+		c.receivePending(ch, q)
+		if i%3 == 0 {
+			sender.send(ch, numbered(t, i))
+		}
+	}
+	if !readable(q.rfd, wait) {
+		t.Fatal("no result came for the messages sent")
+	}
+	time.Sleep(100 * time.Millisecond) // the other messages arrive too
+	closedQ := newQueue(t)
+	if st := cnClose(c.h, closedQ.h, newClosure()); st != cnPending {
+		t.Fatalf("cn_close: %s, want CN_PENDING", name(st))
+	}
+	closedQ.one() // after the receives' results
+	drain(t, q.rfd)
+	messages, closed := 0, 0
+	for {
+		raw, st, msg := q.takeRaw(5)
+		if st != cnOK {
+			t.Fatalf("cn_queue_take: %s (%s)", name(st), msg)
+		}
+		texts := map[uintptr]bool{}
+		for _, r := range raw {
+			got := copyResult(t, r)
+			switch {
+			case got.Status == cnOK && got.HasData && !got.HasText:
+				messages++
+			case got.Status == cnClosed && got.HasText && got.Text != "" && !got.HasData:
+				closed++
+				if texts[got.TextPtr] {
+					t.Errorf("two results of one take share the text at %#x", got.TextPtr)
+				}
+				texts[got.TextPtr] = true
+			default:
+				t.Errorf("result %v: want a message without a text, or CN_CLOSED with one", got)
+			}
+		}
+		if len(raw) < 5 {
+			break
+		}
+	}
+	if messages == 0 || closed == 0 || messages+closed != n {
+		t.Fatalf("%d messages and %d closed receives, want both kinds and %d in all", messages, closed, n)
+	}
+}
+
 // One queue serves two clients: each result once, with its own client's data; closing one
 // client leaves the other's results flowing.
 func TestQueueTwoClients(t *testing.T) {
