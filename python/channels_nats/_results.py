@@ -91,10 +91,11 @@ class LoopQueue:
         self._ffi = ffi
         self._buffer = ffi.buffer
         self.waiting: dict[int, Waiting] = {}
-        # The receive of each channel that waited and got its message since the last take: the
-        # next receive on that channel starts it over (cn_receive with no name), which the library allows
-        # until this queue's next take, and so the take forgets them.
-        self.again: dict[bytes, int] = {}
+        # The receive of each channel (by the name the consumer passed) that waited and got its
+        # message since the last take: the next receive on that channel starts it over
+        # (cn_receive with no name), which the library allows until this queue's next take, and
+        # so the take forgets them.
+        self.again: dict[str, int] = {}
         self._ready = 0  # receives in a row on this loop that found a message waiting (through cffi)
         self.closing: dict[int, asyncio.Future[None]] = {}
         # Out-parameters of the calls made with this queue: each is read right after its call,

@@ -311,21 +311,23 @@ class NatsChannelLayer(BaseChannelLayer):
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message of a channel; cancelling it never loses a message (S14)."""
-        try:
-            name = self._channel_names.recent[channel]  # checked and encoded before
-        except (KeyError, TypeError):  # a name met for the first time in a while, or not a str
-            name = self._channel(channel)
-        client = self._client or await self._connection()
         # for_running_loop, inlined (after a fork the parent's queues are gone, and it refuses)
         queue = _queue_of(_get_running_loop()) or _results.for_running_loop()
         # The last receive on this channel, when it waited and the take that brought its message
-        # was the last: it starts over, with no name to look up and no new operation.
+        # was the last: it starts over, with no name to look up (it was checked when that receive
+        # began) and no new operation.
         again = queue.again
-        if again and (op := again.pop(name, 0)):
+        if again and type(channel) is str and (op := again.pop(channel, 0)):
+            client = self._client or await self._connection()
             got = queue.receive_again(client, op, queue.handle)
             if got == _NOT_AGAIN:  # its mailbox was reclaimed or flushed meanwhile
-                got = queue.receive(client, name, queue.handle)
+                got = queue.receive(client, self._channel(channel), queue.handle)
         else:
+            try:
+                name = self._channel_names.recent[channel]  # checked and encoded before
+            except (KeyError, TypeError):  # a name met for the first time in a while, or not a str
+                name = self._channel(channel)
+            client = self._client or await self._connection()
             got = queue.receive(client, name, queue.handle)
         if type(got) is not int:
             return got  # the message that was waiting, decoded
@@ -347,7 +349,7 @@ class NatsChannelLayer(BaseChannelLayer):
             queue.waiting.pop(op, None)
             _native.load()[1].cn_cancel(client, op)
             raise
-        queue.again[name] = op
+        queue.again[channel] = op
         return message
 
     # ---- groups -----------------------------------------------------------------------------
