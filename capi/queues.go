@@ -160,8 +160,7 @@ func (q *resultQueue) textBlock(n int) []byte {
 
 // take moves up to len(results) results into results and returns how many. The results of the
 // take before are kept for good now: their ops are forgotten. It reads only the results it hands
-// over: a fan-out leaves thousands queued, and each take of a window of them went over all of
-// them to size its texts.
+// over, texts included: a fan-out leaves thousands queued, and a take is a window of them.
 func (q *resultQueue) take(results []resultSlot) int {
 	q.mu.Lock()
 	q.release()
