@@ -354,7 +354,7 @@ func (l *Layer) fanOutChunks(f *fanOutOf, firstChunk bool) bool {
 			}
 		}
 		for _, mb := range members[start:min(start+fanOutChunk, len(members))] {
-			if f.g.changes != f.changes && f.g.process[mb.name] != mb {
+			if f.g.changes != f.changes && f.g.member(mb.name) != mb {
 				continue
 			}
 			l.enqueue(mb, f.body, f.now)

@@ -68,7 +68,7 @@ func (l *Layer) sweep(now time.Time) {
 func (l *Layer) expireMember(channel string) {
 	var left []string
 	for name, g := range l.groups {
-		if g.process[channel] != nil || g.plain[channel] != nil {
+		if g.member(channel) != nil {
 			left = append(left, name)
 		}
 	}

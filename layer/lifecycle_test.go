@@ -197,8 +197,22 @@ func lcProblems(l *Layer) []string {
 		if g.size() == 0 {
 			p = append(p, "empty group "+name+" is kept")
 		}
-		for ch, mb := range g.process {
+		holes := 0
+		for _, mb := range g.joined {
+			if mb == nil {
+				holes++
+			}
+		}
+		if holes != g.left || len(g.joined)-holes != len(g.process) {
+			p = append(p, fmt.Sprintf("group %s lists %d joined with %d holes (%d counted) for %d process members", name, len(g.joined), holes, g.left, len(g.process)))
+		}
+		for ch, i := range g.process {
+			mb := g.joined[i]
 			memberships[mb]++
+			if mb == nil || mb.name != ch {
+				p = append(p, fmt.Sprintf("process member %s of %s is not at its place in joined", ch, name))
+				continue
+			}
 			if l.mailboxes[ch] != mb {
 				p = append(p, fmt.Sprintf("member %s of %s has no live mailbox", ch, name))
 			}
@@ -1731,7 +1745,7 @@ func TestLifecycleGroupExpiry(t *testing.T) {
 	g := a.groups["room"]
 	var idleIn, plainIn, readIn bool
 	if g != nil {
-		idleIn, plainIn, readIn = g.process[idle] != nil, g.plain[idlePlain] != nil, g.process[read] != nil
+		idleIn, plainIn, readIn = g.member(idle) != nil, g.member(idlePlain) != nil, g.member(read) != nil
 	}
 	a.mu.Unlock()
 	if idleIn || plainIn || !readIn {
@@ -2255,7 +2269,7 @@ func TestLifecycleCancelledGroupAddLeavesAtOnce(t *testing.T) {
 		}
 		a.mu.Lock()
 		g := a.groups[group]
-		member := g != nil && g.process[pc] != nil
+		member := g != nil && g.member(pc) != nil
 		a.mu.Unlock()
 		if member {
 			t.Fatalf("attempt %d: %s is still a member of %s when Cancel has returned", attempt, pc, group)

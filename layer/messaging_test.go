@@ -858,6 +858,65 @@ func TestMessagingGroupSendFollowsMembershipChanges(t *testing.T) {
 	}
 }
 
+// The process-channel members of a group get a group message in the order they joined, in a
+// group past fanOutChunk and after members left (the holes they leave squeezed out) and joined
+// again (at the end).
+func TestMessagingGroupMembersGetAMessageInTheOrderTheyJoined(t *testing.T) {
+	s := startServer(t)
+	a := connect(t, testConfig(nil, s.url()))
+	b := connect(t, testConfig(nil, s.url()))
+	members := make([]string, 3*fanOutChunk)
+	for i := range members {
+		members[i] = msgNewChannel(t, a)
+		msgGroupAdd(t, a, "queue", members[i])
+	}
+	var stay, rejoin []string
+	for i, ch := range members {
+		switch i % 3 {
+		case 0:
+			stay = append(stay, ch)
+			continue
+		case 1:
+			rejoin = append(rejoin, ch)
+		}
+		if err := a.GroupDiscard("queue", ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ch := range rejoin {
+		msgGroupAdd(t, a, "queue", ch)
+	}
+	want := append(stay, rejoin...)
+	var mu sync.Mutex
+	var order []string
+	for _, ch := range want {
+		_, op, err := a.StartReceive(ch, func(m Message, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("receive on %s: %v", m.Channel, err)
+			}
+			order = append(order, m.Channel)
+		})
+		if err != nil || op == nil {
+			t.Fatalf("StartReceive(%s): %v, %v; want a pending receive", ch, op, err)
+		}
+	}
+	msgGroupSend(t, b, "queue", map[string]any{"type": "g"})
+	waitFor(t, 5*time.Second, "every member's message", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) == len(want)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range want {
+		if order[i] != want[i] {
+			t.Fatalf("delivery %d of %d went to %s, not to %s: not the order the members joined", i, len(want), order[i], want[i])
+		}
+	}
+}
+
 // Ref 34, SPEC section 3 row 4: a plain channel read by two Layers that both group_add it gets a
 // group message once (queue group <prefix>.ch.<c> on the group subject).
 func TestMessagingGroupToSharedPlainChannelOneReader(t *testing.T) {
