@@ -262,14 +262,17 @@ func receiveAgain(h C.cn_client, id C.cn_op, qh C.cn_queue, bodyOut **C.uint8_t,
 	if err != nil {
 		return fail(err)
 	}
-	o, err := c.opOf(id)
-	switch {
-	case err != nil:
-		return fail(err)
-	case o == nil:
-		return fail(layer.ErrNotAgain)
-	case o.q != q:
-		return fail(argError("queue must be the queue of the receive that starts over"))
+	o := q.lentOp(id)
+	if o == nil || o.c != c {
+		o, err = c.opOf(id)
+		switch {
+		case err != nil:
+			return fail(err)
+		case o == nil:
+			return fail(layer.ErrNotAgain)
+		case o.q != q:
+			return fail(argError("queue must be the queue of the receive that starts over"))
+		}
 	}
 	msg, waits, err := o.again()
 	switch {

@@ -58,6 +58,8 @@ type resultQueue struct {
 	items []outcome
 	array []outcome // the array items is a window of, kept for the next burst when small
 	lent  []*op     // whose results the last take handed over: retractable until the next take
+	// nextLent is where lentOp looks first: after the op of lent that started over last.
+	nextLent int
 	// spareLent is the array of the lent before, for the next take's.
 	spareLent []*op
 	freed     bool
@@ -171,7 +173,7 @@ func (q *resultQueue) take(results []resultSlot) int {
 			kept = append(kept, o)
 		}
 	}
-	q.lent, q.spareLent = q.spareLent[:0], nil
+	q.lent, q.spareLent, q.nextLent = q.spareLent[:0], nil, 0
 	texts := q.texts[:0] // the results that carry a text, which goes into the C block below
 	filled, used, textBytes := 0, 0, 0
 	for _, r := range q.items {
@@ -221,6 +223,25 @@ func (q *resultQueue) take(results []resultSlot) int {
 	return filled
 }
 
+// lentLookahead is how many ops of the last take lentOp reads, from where it looks first.
+const lentLookahead = 4
+
+// lentOp is op id when the last take handed its result over and it is near where the last
+// start-over was found; nil otherwise (look in the client's ops). Hosts start receives over in
+// the order the take handed their messages over, and then each finds its op at once: the client's
+// map of its pending ops, thousands with a large group, cost a cache miss or more per lookup.
+func (q *resultQueue) lentOp(id C.cn_op) *op {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i := q.nextLent; i < min(q.nextLent+lentLookahead, len(q.lent)); i++ {
+		if o := q.lent[i]; o.id == uint64(id) {
+			q.nextLent = i + 1
+			return o
+		}
+	}
+	return nil
+}
+
 // free ends q: later results are dropped, and the ops of the last take are forgotten. It
 // returns the results nobody took.
 func (q *resultQueue) free() []outcome {
@@ -232,7 +253,7 @@ func (q *resultQueue) free() []outcome {
 			lent = append(lent, o)
 		}
 	}
-	q.items, q.array, q.lent, q.spareLent = nil, nil, nil, nil
+	q.items, q.array, q.lent, q.spareLent, q.nextLent = nil, nil, nil, nil, 0
 	q.release()
 	C.free(q.block)
 	q.block, q.size = nil, 0

@@ -211,3 +211,57 @@ func TestReceiveAgainAfterFlush(t *testing.T) {
 	}
 	s.q.quiet(20 * time.Millisecond)
 }
+
+// Receives that one take handed over start over in any order, not only in the order of the
+// take: each waits again as its own operation and gets its channel's next message.
+func TestReceiveAgainInAnyOrder(t *testing.T) {
+	s := newCancelSetup(t, nil)
+	const receives = 12
+	channels, ops := make([]string, receives), make([]uint64, receives)
+	for i := range channels {
+		channels[i] = s.c.newChannel("")
+		ops[i] = s.c.receivePending(channels[i], s.q)
+	}
+	reverse, evensFirst := make([]int, receives), make([]int, 0, receives)
+	for i := range reverse {
+		reverse[i] = receives - 1 - i
+	}
+	for _, odd := range []int{0, 1} {
+		for i := odd; i < receives; i += 2 {
+			evensFirst = append(evensFirst, i)
+		}
+	}
+	for round, order := range [][]int{reverse, evensFirst} {
+		for i, ch := range channels {
+			s.sender.send(ch, numbered(t, 100*round+i))
+		}
+		s.c.barrier(s.sender)
+		got := s.q.take(2 * receives) // one take: all of them can start over until the next
+		if len(got) != receives {
+			t.Fatalf("round %d: %d results in one take, want %d", round, len(got), receives)
+		}
+		for i, r := range got {
+			if r.Op != ops[i] || numberOf(r.Data) != 100*round+i {
+				t.Fatalf("round %d: result %d is %v, want op %d n=%d", round, i, r, ops[i], 100*round+i)
+			}
+		}
+		for _, i := range order {
+			if st, body, msg := s.receiveAgain(ops[i]); st != cnPending {
+				t.Fatalf("round %d: starting receive %d over: %s n=%d (%q), want CN_PENDING", round, i, name(st), numberOf(body), msg)
+			}
+		}
+	}
+	for i, ch := range channels {
+		s.sender.send(ch, numbered(t, 1000+i))
+	}
+	s.c.barrier(s.sender)
+	got := s.q.take(2 * receives)
+	if len(got) != receives {
+		t.Fatalf("%d results after the last start-overs, want %d", len(got), receives)
+	}
+	for i, r := range got {
+		if r.Op != ops[i] || numberOf(r.Data) != 1000+i {
+			t.Fatalf("result %d after the last start-overs is %v, want op %d n=%d", i, r, ops[i], 1000+i)
+		}
+	}
+}
