@@ -24,8 +24,8 @@ func (l *Layer) StartSend(channel string, body []byte, done func(error)) (*Op, e
 }
 
 // StartGroupSend publishes a msgpack body once on the group's subject; the server fans it out
-// to every member in every process. The rules of StartSend apply. A group with no members is
-// not an error.
+// to every member in every process, and each process to its process-channel members in the
+// order they joined. The rules of StartSend apply. A group with no members is not an error.
 func (l *Layer) StartGroupSend(group string, body []byte, done func(error)) (*Op, error) {
 	subject, err := l.targets.ofGroup(group)
 	if err != nil {
