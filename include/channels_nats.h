@@ -330,7 +330,9 @@ CN_EXTERN cn_status cn_group_send(cn_client client, const char *group, const uin
  * for since), the same receive waits again for the next message of its channel, in the same
  * mailbox, with its own closure (the closure argument is not used). A host that receives on a
  * channel message after message does this for every receive after one that waited: no name is
- * looked up and no operation is made. It is the host's promise that the message was consumed:
+ * looked up and no operation is made. Receives started over in the order the take handed their
+ * results over are found at once; in another order each costs a lookup among all of the client's
+ * pending operations. It is the host's promise that the message was consumed:
  * from this call on, cn_cancel(op) no longer gives it back. CN_OK: a message was waiting (lent,
  * as above); the receive can start over again until the queue's next take. CN_PENDING: it waits
  * again, *op is the same handle, and its result comes to queue under it, as any receive's does.
