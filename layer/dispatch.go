@@ -196,6 +196,15 @@ func (l *Layer) deliverHandoffs(wait bool) bool {
 // handTo delivers msg to a receive, or gives it back when the receive was cancelled after the
 // message was handed over (S14).
 func (l *Layer) handTo(op *Op, to Receiver, msg Message) {
+	if w := op.recv; w != nil && w.parks() && op.state.Load() != opPending {
+		// takeWaiter gave it the message (opHanding): it cannot be cancelled meanwhile, and it
+		// parks once it has it (rearm.go).
+		w.msg = msg
+		w.handed.Store(true)
+		w.park()
+		to.Received(msg, nil)
+		return
+	}
 	if !op.finish() {
 		l.giveBack(msg)
 		return

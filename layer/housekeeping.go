@@ -50,7 +50,7 @@ func (l *Layer) sweep(now time.Time) {
 				// Its messages wait for a reader until they expire (counted then), and the
 				// mailbox with them: discarding it would lose them uncounted.
 			}
-		case mb.groups > 0 && len(mb.waiters) == 0 && now.Sub(mb.readAt) > l.cfg.GroupExpiry:
+		case mb.groups > 0 && !mb.waitedOn() && now.Sub(mb.readAt) > l.cfg.GroupExpiry:
 			expired = append(expired, mb.name)
 		}
 	}

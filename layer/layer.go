@@ -298,7 +298,10 @@ func (l *Layer) Close() error {
 	l.ops.Wait()    // pending subscriptions and receives have ended
 	close(l.done)
 	l.routines.Wait() // the dispatcher has delivered its last message
+	l.routing.Lock()  // and so has a reader or host thread that was routing
+	l.routing.Unlock()
 	for _, w := range ended {
+		w.endParked()
 		if w.op.finish() {
 			w.to.Received(Message{}, ErrClosed)
 		}
@@ -364,6 +367,7 @@ func (l *Layer) Flush() error {
 		clear(mb.entries)
 		mb.entries, mb.groups, mb.dropping = nil, 0, false
 		l.drops.forget("capacity", name)
+		mb.settleParked()
 		if len(mb.waiters) == 0 && mb.subscribing == 0 {
 			mb.discharged = true
 			continue

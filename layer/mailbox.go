@@ -25,6 +25,10 @@ type waiter struct {
 	listed bool        // still in mb.waiters
 	msg    Message     // the message it was handed, for Retract
 	handed atomic.Bool // msg was delivered and can still be given back
+	// word and key, when its host shares a word with the layer (Receipt.ShareWord): it parks
+	// after each delivery, listed, for the host to start over with Rearm (rearm.go).
+	word *atomic.Uint64
+	key  uint64
 }
 
 // Receipt is the layer's record of a receive that waits: its Op and its place in a mailbox. A
@@ -73,8 +77,14 @@ func newMailbox(name string, capacity int, now time.Time) *mailbox {
 }
 
 // idle reports whether nothing holds the mailbox: no reader, no group, no subscribe in flight.
+// A parked receive that its host did not start over is no reader: its park is revoked. l.mu must
+// be held.
 func (mb *mailbox) idle() bool {
-	return len(mb.waiters) == 0 && mb.groups == 0 && mb.subscribing == 0
+	if mb.groups != 0 || mb.subscribing != 0 {
+		return false
+	}
+	mb.settleParked()
+	return len(mb.waiters) == 0
 }
 
 // dropExpired removes expired entries from the front and returns how many it removed.
@@ -124,22 +134,46 @@ func (mb *mailbox) insert(i int, e entry) {
 	mb.entries[i] = e
 }
 
-// takeWaiter removes and returns the longest-waiting receive that was not cancelled, or nil.
+// takeWaiter returns the longest-waiting receive that takes an arriving message, or nil. A
+// receive with a word stays listed, last (it parks once the message is delivered); the others
+// are unlisted, as are the receives that were cancelled or ended. l.mu must be held.
 func (mb *mailbox) takeWaiter() *waiter {
-	for len(mb.waiters) > 0 {
-		w := mb.waiters[0]
-		mb.waiters[0] = nil
-		if len(mb.waiters) == 1 {
-			mb.waiters = mb.waiters[:0] // the next receive that waits reuses the array
-		} else {
-			mb.waiters = mb.waiters[1:]
+	for i := 0; i < len(mb.waiters); {
+		w := mb.waiters[i]
+		if w.parks() {
+			switch w.claimFor() {
+			case claimed:
+				// It waits no more: it goes behind those that do, and waits again where it is
+				// when its host starts it over (listWaiter).
+				copy(mb.waiters[i:], mb.waiters[i+1:])
+				mb.waiters[len(mb.waiters)-1] = w
+				return w
+			case passed:
+				i++
+				continue
+			}
+			mb.unlistAt(i)
+			continue
 		}
-		w.listed = false
+		mb.unlistAt(i)
 		if w.op.pending() {
 			return w
 		}
 	}
 	return nil
+}
+
+// unlistAt removes mb.waiters[i]. l.mu must be held.
+func (mb *mailbox) unlistAt(i int) {
+	mb.waiters[i].listed = false
+	if i == 0 && len(mb.waiters) > 1 {
+		mb.waiters[0] = nil
+		mb.waiters = mb.waiters[1:]
+		return
+	}
+	copy(mb.waiters[i:], mb.waiters[i+1:])
+	mb.waiters[len(mb.waiters)-1] = nil
+	mb.waiters = mb.waiters[:len(mb.waiters)-1] // the last one gone: the next receive reuses the array
 }
 
 // endWaiters removes and returns every waiter (the layer closes).

@@ -27,6 +27,11 @@ const (
 	opPending int32 = iota
 	opDone
 	opCancelled
+	// The states of a receive whose Receipt has a word (rearm.go):
+	opHanding     // takeWaiter gave it a message, which handTo delivers
+	opHandingLast // the same, and another message went elsewhere meanwhile: it will not park
+	opParked      // delivered and still listed: its host may arm it (Rearm)
+	opSettling    // a party of the layer reads or swaps its word for a moment
 )
 
 // Cancel withdraws the operation. True means it was still pending: its callback never runs,
@@ -34,6 +39,9 @@ const (
 // membership, a send is not sent). False means the callback runs or ran.
 func (o *Op) Cancel() bool {
 	if !o.state.CompareAndSwap(opPending, opCancelled) {
+		if w := o.recv; w != nil && w.parks() {
+			return w.cancelArmed() // a parked receive its host started over waits too
+		}
 		return false
 	}
 	switch {
@@ -52,7 +60,17 @@ func (o *Op) Cancel() bool {
 func (o *Op) Retract() {
 	if undo := o.undo.Swap(nil); undo != nil {
 		(*undo)()
-	} else if w := o.recv; w != nil && w.handed.CompareAndSwap(true, false) {
+		return
+	}
+	w := o.recv
+	if w == nil {
+		return
+	}
+	if w.parks() && w.mb != nil {
+		w.unpark() // parked or done, it leaves its mailbox before its message goes back there
+		w.unlist()
+	}
+	if w.handed.CompareAndSwap(true, false) {
 		w.l.giveBack(w.msg)
 	}
 }

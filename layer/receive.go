@@ -143,11 +143,18 @@ func (l *Layer) StartReceiveInto(channel string, newReceipt func() (*Receipt, Re
 // does, r's own Op when it waits. From this call on, Retract no longer gives back r's last
 // message. ErrNotAgain means r cannot wait again (its receive ended otherwise, or its mailbox
 // was reclaimed or flushed, or its subscription is being made again): receive by name instead.
-// The host calls it for one Receipt at a time, never while r waits.
+// The host calls it for one Receipt at a time, never while r waits. A Receipt with a word
+// (ShareWord) is started over with Rearm instead, and with ReceiveAgain when Rearm fails.
 func (l *Layer) ReceiveAgain(r *Receipt) (Message, *Op, error) {
 	w := &r.w
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if w.parks() && w.listed {
+		w.unpark() // a parked receive the host starts over by call (its Rearm failed, or none was made)
+		if w.ended() {
+			w.mb.removeWaiter(w)
+		}
+	}
 	switch {
 	case l.closed:
 		return Message{}, nil, ErrClosed
@@ -190,11 +197,17 @@ func (l *Layer) takeOrWait(mb *mailbox, now time.Time, newReceipt func() (*Recei
 	return Message{}, &r.Op
 }
 
-// listWaiter makes w the newest receive waiting in mb. l.mu must be held.
+// listWaiter makes w the newest receive waiting in mb: ahead of the receives that got a message
+// and were not started over yet, which stay listed (rearm.go). l.mu must be held.
 func (l *Layer) listWaiter(w *waiter, mb *mailbox, op *Op, to Receiver, now time.Time) {
 	mb.readAt = now
 	w.l, w.mb, w.op, w.to, w.listed = l, mb, op, to, true
 	mb.waiters = append(mb.waiters, w)
+	i := len(mb.waiters) - 1
+	for ; i > 0 && mb.waiters[i-1].resting(); i-- {
+		mb.waiters[i] = mb.waiters[i-1]
+	}
+	mb.waiters[i] = w
 }
 
 // popLocked takes the oldest live message of mb, if any, dropping expired ones. l.mu must be held.
@@ -212,7 +225,7 @@ func (l *Layer) popLocked(mb *mailbox, now time.Time) (Message, bool) {
 // readerLeft updates mb when a receive stops waiting, with a message or cancelled. l.mu must be held.
 func (l *Layer) readerLeft(mb *mailbox, now time.Time, cancelled bool) {
 	mb.readAt = now
-	if len(mb.waiters) == 0 {
+	if !mb.waitedOn() {
 		mb.activeAt = now // the idle grace starts now (S5)
 	}
 	if cancelled && mb.plain && mb.idle() {
