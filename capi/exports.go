@@ -235,6 +235,8 @@ func cngo_receive(h C.cn_client, channel *C.char, qh C.cn_queue, closure C.uintp
 		o = new(receiveOp)
 		o.start(c, l, q, closure)
 		o.reusable = &o.receipt
+		o.word = rearmWords.get()
+		o.receipt.ShareWord(o.word, o.id)
 		if opOut != nil {
 			*opOut = C.cn_op(o.id) // before a result taken on another thread can name it
 		}

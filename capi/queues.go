@@ -21,6 +21,7 @@ type outcome struct {
 	status  C.cn_status
 	text    string
 	body    []byte
+	rearm   uintptr // the word of a receive that parked with this message (cn_result.rearm)
 }
 
 // resultSlot is a cn_result as Go fills it in host memory: its pointers as integers (see
@@ -32,6 +33,7 @@ type resultSlot struct {
 	text    uintptr
 	data    uintptr
 	len     C.size_t
+	rearm   uintptr
 }
 
 // Each index below is out of range (a compile error) unless the two agree.
@@ -42,6 +44,7 @@ var (
 	_ = [1]int{}[unsafe.Offsetof(resultSlot{}.text)-unsafe.Offsetof(C.cn_result{}.text)]
 	_ = [1]int{}[unsafe.Offsetof(resultSlot{}.data)-unsafe.Offsetof(C.cn_result{}.data)]
 	_ = [1]int{}[unsafe.Offsetof(resultSlot{}.len)-unsafe.Offsetof(C.cn_result{}.len)]
+	_ = [1]int{}[unsafe.Offsetof(resultSlot{}.rearm)-unsafe.Offsetof(C.cn_result{}.rearm)]
 )
 
 // resultQueue holds results until the host takes them (cn_queue_take): no library thread ever
@@ -191,7 +194,7 @@ func (q *resultQueue) take(results []resultSlot) int {
 			texts = append(texts, slotText{filled, r.text})
 			textBytes += len(r.text) + 1
 		}
-		results[filled] = resultSlot{C.cn_op(r.id), uintptr(r.closure), r.status, 0, q.lend(r.body), C.size_t(len(r.body))}
+		results[filled] = resultSlot{C.cn_op(r.id), uintptr(r.closure), r.status, 0, q.lend(r.body), C.size_t(len(r.body)), r.rearm}
 		filled++
 	}
 	if textBytes > 0 {

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/channels-nats/channels-nats/layer"
 )
@@ -143,6 +144,11 @@ type op struct {
 	// reusable is a receive's record in the layer, which a cn_receive with channel NULL starts
 	// over; nil for the other operations.
 	reusable *layer.Receipt
+	// word is what the host starts reusable over with, without a call (cn_result.rearm); nil
+	// for the other operations. It goes back to rearmWords when o is forgotten (wordBack,
+	// guarded by c.mu).
+	word     *atomic.Uint64
+	wordBack bool
 
 	mu       sync.Mutex
 	lop      *layer.Op // set by register, once the call that began it returned
@@ -203,20 +209,37 @@ func (o *op) register(lop *layer.Op) {
 	}
 }
 
+// unregister forgets o, which has ended: cn_cancel no longer finds it, and its word goes to
+// another receive.
 func (o *op) unregister() {
 	o.c.mu.Lock()
 	delete(o.c.ops, o.id)
+	back := o.word != nil && !o.wordBack
+	o.wordBack = true
 	o.c.mu.Unlock()
+	if back {
+		rearmWords.put(o.word)
+	}
 }
 
 // complete queues o's result. When nobody will take it (its queue was freed), what o did is
 // retracted instead: a received message goes back to its mailbox.
 func (o *op) complete(err error, text string, body []byte) {
 	o.mu.Lock()
+	if o.state == opWithdrawn {
+		// A receive its host armed, withdrawn while its next message was on the way: the
+		// withdraw waited until the layer had it (awaitResult) and gave it back.
+		o.mu.Unlock()
+		return
+	}
 	o.state = opQueued
 	o.received = err == nil && body != nil
 	o.mu.Unlock()
-	if o.q.add(o.c, outcome{op: o, id: o.id, closure: o.closure, status: statusOf(err), text: resultText(err, text), body: body}) {
+	var rearm uintptr
+	if err == nil && body != nil && o.word != nil {
+		rearm = uintptr(unsafe.Pointer(o.word))
+	}
+	if o.q.add(o.c, outcome{op: o, id: o.id, closure: o.closure, status: statusOf(err), text: resultText(err, text), body: body, rearm: rearm}) {
 		return
 	}
 	o.unregister()
@@ -260,8 +283,20 @@ func (o *op) named(name string, err error) { o.complete(err, name, nil) }
 func (o *op) taken() bool { return o.advance(opQueued, opTaken) }
 
 // kept ends the time in which the host could retract o's result, or receive again with o; false
-// when o received again meanwhile (it goes on). q.mu is held by the caller.
-func (o *op) kept() bool { return o.advance(opTaken, opDone) }
+// when o received again meanwhile, by call or by its word (it goes on). q.mu is held by the caller.
+func (o *op) kept() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.state != opTaken {
+		return false
+	}
+	if o.reusable != nil && !o.reusable.Settle() {
+		o.state = opRunning // its host armed it (Rearm): it waits under the same handle
+		return false
+	}
+	o.state = opDone
+	return true
+}
 
 // again starts o over: a receive whose result the host took with its queue's last take, or
 // that received again since, waits for the next message of its channel (cn_receive with channel NULL).
@@ -333,13 +368,14 @@ func (o *op) withdraw() bool {
 }
 
 // awaitResult returns once the layer's callback has given o its result: right after the layer
-// finished o, so the wait is short and rare (a cancel that lost the race).
+// finished o, so the wait is short and rare (a cancel that lost the race). A receive its host
+// armed (capi's state still says taken) may be getting its next message: that one, too.
 func (o *op) awaitResult() {
 	for {
 		o.mu.Lock()
 		running := o.state == opRunning
 		o.mu.Unlock()
-		if !running {
+		if !running && (o.reusable == nil || !o.reusable.Delivering()) {
 			return
 		}
 		runtime.Gosched()

@@ -144,6 +144,8 @@ enum { CN_LOG_DEBUG = 10, CN_LOG_INFO = 20, CN_LOG_WARNING = 30, CN_LOG_ERROR = 
  *   text     NULL, or: on failure the error detail; on success the channel name (cn_new_channel)
  *            or the client's final statistics as JSON (cn_close; see cn_stats()).
  *   data,len on success of cn_receive(), the message body; otherwise NULL and 0.
+ *   rearm    NULL, or, with a received message, the word that starts the receive over without a
+ *            call (see "Starting a receive over" at cn_receive()).
  * text and data are lent (see Conventions).
  */
 typedef struct cn_result {
@@ -153,6 +155,7 @@ typedef struct cn_result {
     const char *text;
     const uint8_t *data;
     size_t len;
+    uint64_t *rearm;
 } cn_result;
 
 /*
@@ -341,6 +344,21 @@ CN_EXTERN cn_status cn_group_send(cn_client client, const char *group, const uin
  * reclaimed or flushed since): nothing happened, receive by name. *op is 0 after every return
  * but CN_PENDING, so a host keeps the handle itself. CN_INVALID_ARG when queue is not the
  * receive's; CN_INVALID_HANDLE for a handle this library never issued.
+ *
+ * Starting a receive over without a call: a result whose rearm is not NULL came to a receive
+ * that stays in its mailbox, parked, after its message. Until the queue's next take, on any
+ * thread, the host may start it over with one atomic compare-and-swap of that 64-bit word, from
+ * the result's op to its bitwise complement (~op), sequentially consistent; in C11, with rearm
+ * cast to _Atomic uint64_t *, atomic_compare_exchange_strong(rearm, &expected, ~op) where
+ * expected is op. When the swap succeeds the receive waits again, as after a start-over that
+ * returned CN_PENDING (the same promise, the same handle, the same closure; cn_cancel() withdraws
+ * it), with no call and no lock. When it fails a message came meanwhile, or the receive cannot
+ * start over: call cn_receive() with channel NULL, as above, which returns the message or says
+ * why. The library revokes a park that was not armed when a message reaches the mailbox, when
+ * the queue is taken from next, and when the mailbox would be reclaimed, so a parked receive
+ * never waits while a message waits, and never holds a mailbox (mailbox_grace, group_expiry).
+ * The word belongs to the library and stays mapped for the life of the process: a swap made
+ * after the next take finds another value there and changes nothing; never write it otherwise.
  * Returns CN_OK, CN_PENDING, CN_NOT_PENDING (a start-over only), CN_INVALID_ARG,
  * CN_INVALID_NAME, CN_FOREIGN_CHANNEL, CN_INVALID_HANDLE, CN_CLOSED, CN_ILLEGAL_STATE, CN_FORKED,
  * CN_INTERNAL.

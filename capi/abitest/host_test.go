@@ -25,6 +25,7 @@ type result struct {
 	Data    []byte
 	HasData bool
 	Len     uintptr
+	Rearm   uintptr // the word that starts the receive over (cn_result.rearm)
 
 	TextPtr, DataPtr uintptr
 }
@@ -100,7 +101,7 @@ func (q *queue) takeRaw(capacity int) ([]cResult, int32, string) {
 // copyResult copies what r points to; it reports with t.Errorf, so that it may run on any
 // goroutine.
 func copyResult(t testing.TB, r cResult) result {
-	out := result{Op: r.op, Closure: r.closure, Status: r.status, Len: r.len, TextPtr: r.text, DataPtr: r.data}
+	out := result{Op: r.op, Closure: r.closure, Status: r.status, Len: r.len, Rearm: r.rearm, TextPtr: r.text, DataPtr: r.data}
 	if r.text != 0 {
 		out.Text, out.HasText = cString(r.text), true
 	}

@@ -94,6 +94,7 @@ type cResult struct {
 	text    uintptr
 	data    uintptr
 	len     uintptr
+	rearm   uintptr
 }
 
 // logCB is the cn_log_callback, made once per test binary.

@@ -37,8 +37,8 @@ TAKE_BATCH = 128
 """Results taken per cn_queue_take call: each take wakes at most this many tasks, so one loop
 iteration stays short even when thousands of results come at once."""
 
-RESULT = struct.Struct("@QPiPPN")
-"""cn_result as laid out in memory (op, closure, status, text, data, len): read as integers in one
+RESULT = struct.Struct("@QPiPPNP")
+"""cn_result as laid out in memory (op, closure, status, text, data, len, rearm): read as integers in one
 go, far cheaper than a cffi attribute read per field. Checked against the header on first use."""
 
 READY_STREAK = 32
@@ -271,7 +271,8 @@ class LoopQueue:
         # decode goes to the first member and, when its values are all IMMUTABLE, a copy of it to
         # each of the others: no task runs before all of them are settled, so none changed it yet.
         last_data, buffer, first, flat = -1, None, {}, None  # -1: no body yet (0 is none)
-        for op, closure, status, text, data, length in records:
+        # The words results carry (rearm) are for the compiled module's receive_again only.
+        for op, closure, status, text, data, length, _ in records:
             if closure or status != _native.OK or not data:
                 self._settle_other(op, closure, status, text, data, length)
                 continue

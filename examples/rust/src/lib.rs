@@ -46,10 +46,18 @@ struct CnResult {
     text: *const c_char,
     data: *const u8,
     len: usize,
+    rearm: *mut u64, // this example starts receives over by name: it does not use the word
 }
 
-const EMPTY: CnResult =
-    CnResult { op: 0, closure: NULL, status: CN_OK, text: ptr::null(), data: ptr::null(), len: 0 };
+const EMPTY: CnResult = CnResult {
+    op: 0,
+    closure: NULL,
+    status: CN_OK,
+    text: ptr::null(),
+    data: ptr::null(),
+    len: 0,
+    rearm: ptr::null_mut(),
+};
 
 /// The loaded library: the function pointers, and the handle that keeps them valid.
 #[rustfmt::skip]
