@@ -282,12 +282,63 @@ static PyObject *fastpath_receive(PyObject *module, PyObject *const *args, Py_ss
 }
 
 /*
+ * The receives the last take on this thread handed a message to with a word (cn_result.rearm),
+ * until the next take: receive_again starts one over with a compare-and-swap of its word, and
+ * makes no call at all. A thread runs one event loop, so this is that loop's queue's last take.
+ */
+static __thread cn_queue fastpath_lent_queue;
+static __thread size_t fastpath_lent_count, fastpath_lent_next;
+static __thread cn_op fastpath_lent_ops[FASTPATH_TAKE_MAX];
+static __thread uint64_t *fastpath_lent_words[FASTPATH_TAKE_MAX];
+
+/* How many of the last take's receives after the last one found receive_again reads first:
+   consumers run, and start over, in the order the take woke them. */
+#define FASTPATH_LENT_LOOKAHEAD 4
+
+/* The word of receive op from queue's last take, or NULL. */
+static uint64_t *fastpath_lent_word(cn_queue queue, cn_op op) {
+    if (queue != fastpath_lent_queue) {
+        return NULL;
+    }
+    size_t n = fastpath_lent_count, start = fastpath_lent_next;
+    for (size_t i = start; i < n && i < start + FASTPATH_LENT_LOOKAHEAD; i++) {
+        if (fastpath_lent_ops[i] == op) {
+            fastpath_lent_next = i + 1;
+            return fastpath_lent_words[i];
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (fastpath_lent_ops[i] == op) {
+            fastpath_lent_next = i + 1;
+            return fastpath_lent_words[i];
+        }
+    }
+    return NULL;
+}
+
+/* Starts receive op over through its word (include/channels_nats.h, "Starting a receive over
+   without a call"): true when it waits again. */
+static int fastpath_rearm(cn_queue queue, cn_op op) {
+#if defined(__GNUC__) || defined(__clang__)
+    uint64_t *word = fastpath_lent_word(queue, op);
+    uint64_t expected = op;
+    return word != NULL && __atomic_compare_exchange_n(word, &expected, ~(uint64_t)op, 0, __ATOMIC_SEQ_CST,
+                                                       __ATOMIC_SEQ_CST);
+#else
+    (void)queue, (void)op;
+    return 0; /* a compiler without the builtins: the call below does the same */
+#endif
+}
+
+/*
  * receive_again(client: int, op: int, queue: int) -> message | int
  *
- * cn_receive with channel NULL and *op set: the receive op, whose message the queue's last take
- * handed over, starts over. Returns what receive does: the decoded message, the op when it waits
- * again (> 0), minus the status of a failed call (< 0: -CN_NOT_PENDING when it cannot start
- * over), or 0 after the streak of ready receives (nothing was taken).
+ * The receive op, whose message the queue's last take handed over, starts over: with a
+ * compare-and-swap of its word when the take gave one (no call), else, or when the swap fails
+ * because a message came meanwhile, with cn_receive with channel NULL and *op set. Returns what
+ * receive does: the decoded message, the op when it waits again (> 0), minus the status of a
+ * failed call (< 0: -CN_NOT_PENDING when it cannot start over), or 0 after the streak of ready
+ * receives (nothing was taken).
  */
 static PyObject *fastpath_receive_again(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -302,6 +353,11 @@ static PyObject *fastpath_receive_again(PyObject *module, PyObject *const *args,
     if (fastpath_ready >= fastpath_streak) {
         fastpath_ready = 0;
         return PyLong_FromLong(0);
+    }
+    if (fastpath_rearm((cn_queue)queue, (cn_op)again)) {
+        fastpath_ready = 0;
+        Py_INCREF(args[1]);
+        return args[1]; /* the op, waiting again */
     }
     const uint8_t *body = NULL;
     size_t len = 0;
@@ -349,10 +405,12 @@ static PyObject *fastpath_take(PyObject *module, PyObject *const *args, Py_ssize
     PyObject *waiting = args[2], *other = args[3];
     cn_result results[FASTPATH_TAKE_MAX];
     size_t count = 0;
+    fastpath_lent_count = fastpath_lent_next = 0; /* the words of the take before are no longer the host's */
     cn_status status = cn_queue_take((cn_queue)queue, results, (size_t)batch, &count);
     if (status != CN_OK) {
         return PyLong_FromLong(-(long)status);
     }
+    fastpath_lent_queue = (cn_queue)queue;
     const void *last_data = NULL; /* the body of first, the decode of the last group message */
     PyObject *first = NULL;
     int flat = -1; /* whether first's values are all immutable; -1: not looked at yet */
@@ -430,6 +488,10 @@ static PyObject *fastpath_take(PyObject *module, PyObject *const *args, Py_ssize
             goto failed;
         }
         Py_DECREF(set);
+        if (r->rearm != NULL) {
+            fastpath_lent_ops[fastpath_lent_count] = r->op;
+            fastpath_lent_words[fastpath_lent_count++] = r->rearm;
+        }
     }
     Py_XDECREF(first);
     return PyLong_FromSize_t(count);
