@@ -38,9 +38,10 @@ static int fastpath_streak;
 /* Forgets the decodes kept for ready receives (fastpath_received). */
 static void fastpath_recent_forget(void);
 
-/* The method names take calls on a future, made once by configure. */
-static PyObject *fastpath_done_name;
+/* The method take calls on a future, and what it raises for a future that is done already (a
+   cancelled caller's): made once by configure. */
 static PyObject *fastpath_set_result_name;
+static PyObject *fastpath_invalid_state;
 
 /* The largest batch take accepts: its results live on the stack during the call. */
 #define FASTPATH_TAKE_MAX 256
@@ -70,11 +71,13 @@ static PyObject *fastpath_configure(PyObject *module, PyObject *const *args, Py_
         PyErr_SetString(PyExc_ValueError, "configure: streak must be between 1 and 1000000");
         return NULL;
     }
-    if (fastpath_done_name == NULL) {
-        fastpath_done_name = PyUnicode_InternFromString("done");
+    if (fastpath_set_result_name == NULL) {
+        PyObject *asyncio = PyImport_ImportModule("asyncio");
+        fastpath_invalid_state = asyncio == NULL ? NULL : PyObject_GetAttrString(asyncio, "InvalidStateError");
+        Py_XDECREF(asyncio);
         fastpath_set_result_name = PyUnicode_InternFromString("set_result");
-        if (fastpath_done_name == NULL || fastpath_set_result_name == NULL) {
-            Py_CLEAR(fastpath_done_name);
+        if (fastpath_invalid_state == NULL || fastpath_set_result_name == NULL) {
+            Py_CLEAR(fastpath_invalid_state);
             Py_CLEAR(fastpath_set_result_name);
             return NULL;
         }
@@ -447,22 +450,6 @@ static PyObject *fastpath_take(PyObject *module, PyObject *const *args, Py_ssize
             Py_DECREF(entry);
             goto failed;
         }
-        PyObject *done = PyObject_CallMethodObjArgs(future, fastpath_done_name, NULL);
-        int cancelled = done == NULL ? -1 : PyObject_IsTrue(done);
-        Py_XDECREF(done);
-        if (cancelled < 0) {
-            Py_DECREF(entry);
-            goto failed;
-        }
-        if (cancelled) {
-            unsigned long long handle = fastpath_handle(client);
-            Py_DECREF(entry);
-            if (PyErr_Occurred()) {
-                goto failed;
-            }
-            cn_cancel((cn_client)handle, r->op);
-            continue;
-        }
         PyObject *message;
         if (r->data == last_data) { /* the next member of that group message: the same body */
             if (flat < 0) {
@@ -481,12 +468,25 @@ static PyObject *fastpath_take(PyObject *module, PyObject *const *args, Py_ssize
             Py_DECREF(entry);
             goto failed;
         }
+        /* Set at once: asking done() first cost a call per result for the rare one whose caller
+           was cancelled before the result came. That future refuses, and the message goes back. */
         PyObject *set = PyObject_CallMethodObjArgs(future, fastpath_set_result_name, message, NULL);
         Py_DECREF(message);
-        Py_DECREF(entry);
         if (set == NULL) {
-            goto failed;
+            if (!PyErr_ExceptionMatches(fastpath_invalid_state)) {
+                Py_DECREF(entry);
+                goto failed;
+            }
+            PyErr_Clear();
+            unsigned long long handle = fastpath_handle(client);
+            Py_DECREF(entry);
+            if (PyErr_Occurred()) {
+                goto failed;
+            }
+            cn_cancel((cn_client)handle, r->op);
+            continue;
         }
+        Py_DECREF(entry);
         Py_DECREF(set);
         if (r->rearm != NULL) {
             fastpath_lent_ops[fastpath_lent_count] = r->op;

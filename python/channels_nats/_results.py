@@ -240,6 +240,8 @@ class LoopQueue:
         """take, without reading the signal bytes first. After a take that settled anything, the
         next one waits for the loop's next turn, behind the tasks this one woke: both the signal
         and the read events (_on_readable) can ask for a take in one turn."""
+        if self._freed:  # a batch scheduled before the loop closed
+            return
         if self._settled_this_turn:
             self.loop.call_soon(self.take)
             return
@@ -258,7 +260,9 @@ class LoopQueue:
             self._settled_this_turn = True
             self.loop.call_soon(self._next_turn)
         if n == TAKE_BATCH:
-            self.loop.call_soon(self.take)
+            # More results wait: the next batch, behind the tasks this one woke. The signal
+            # bytes were read before this take: results that come now, after it, write a new one.
+            self.loop.call_soon(self._take_results)
 
     def _next_turn(self) -> None:
         """Runs after the tasks the last take woke (they were scheduled before it)."""
