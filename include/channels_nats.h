@@ -34,7 +34,8 @@
  * message, for room in the outbound buffer, for the server to confirm a subscription, for a
  * connection) returns CN_PENDING, stores its handle in *op, and later puts exactly one result
  * (a cn_result) into the result queue given with it, unless cn_cancel() withdrew it first (a
- * receive that cn_receive() starts over is pending again: one more result per CN_PENDING). No
+ * receive that cn_receive() starts over is pending again: one more result per CN_PENDING, and
+ * one per successful swap of its cn_result.rearm word). No
  * library thread ever calls into the host for a result: the host takes results
  * from its queue on its own thread, whenever it likes. This holds whatever the network does:
  * with the server frozen or the link stalled, calls keep returning at once, and sends wait as
