@@ -3,7 +3,6 @@ package layer
 import (
 	"runtime"
 	"sync/atomic"
-	"time"
 )
 
 // A receive that its host starts over without calling the layer.
@@ -48,27 +47,43 @@ func Rearm(word *atomic.Uint64, key uint64) bool { return word.CompareAndSwap(ke
 // it). A host calls it once it will not call Rearm for r's last message any more. It takes no lock.
 func (r *Receipt) Settle() bool {
 	w := &r.w
+	if !r.holdParked() {
+		s := r.state.Load()
+		return s == opDone || s == opCancelled // else pending, or a message is on its way to it
+	}
+	if w.revoke() {
+		r.state.Store(opDone) // still listed: the mailbox drops it when it next looks
+		return true
+	}
+	r.state.Store(opParked) // armed: it waits
+	return false
+}
+
+// holdParked moves a parked o to opSettling, for its caller to read or swap the word and then
+// store o's next state; false when o is not parked. Another party of the layer that holds it
+// meanwhile is waited for: it does so for a few instructions, and takes no lock while it does.
+func (o *Op) holdParked() bool {
 	for {
-		switch r.state.Load() {
+		switch o.state.Load() {
 		case opParked:
-			if !r.state.CompareAndSwap(opParked, opSettling) {
-				continue
-			}
-			if w.word.CompareAndSwap(w.key, 0) {
-				r.state.Store(opDone) // still listed: the mailbox drops it when it next looks
+			if o.state.CompareAndSwap(opParked, opSettling) {
 				return true
 			}
-			r.state.Store(opParked) // armed: it waits
-			return false
 		case opSettling:
-			runtime.Gosched() // another party of the layer works on the word for a moment
-		case opDone, opCancelled:
-			return true
-		default: // pending, or a message is on its way to it
+			runtime.Gosched()
+		default:
 			return false
 		}
 	}
 }
+
+// revoke ends a park that the host did not arm: false when the word is not w's key (armed, or
+// no longer w's). Only with w's state held (holdParked).
+func (w *waiter) revoke() bool { return w.word.CompareAndSwap(w.key, 0) }
+
+// takeArmed takes a park that the host armed: false when the word is not ^key. Only with w's
+// state held (holdParked).
+func (w *waiter) takeArmed() bool { return w.word.CompareAndSwap(^w.key, 0) }
 
 // Delivering reports whether a message is on its way to r: its result comes soon.
 func (r *Receipt) Delivering() bool {
@@ -117,23 +132,14 @@ func (w *waiter) resting() bool {
 // unpark ends w's park, armed or not: true when it was parked (it is done now, still listed),
 // false when it was not. Only the layer's parties call it, never for a receive being delivered to.
 func (w *waiter) unpark() bool {
-	for {
-		switch w.op.state.Load() {
-		case opParked:
-			if !w.op.state.CompareAndSwap(opParked, opSettling) {
-				continue
-			}
-			if !w.word.CompareAndSwap(w.key, 0) {
-				w.word.CompareAndSwap(^w.key, 0)
-			}
-			w.op.state.Store(opDone)
-			return true
-		case opSettling:
-			runtime.Gosched()
-		default:
-			return false
-		}
+	if !w.op.holdParked() {
+		return false
 	}
+	if !w.revoke() {
+		w.takeArmed()
+	}
+	w.op.state.Store(opDone)
+	return true
 }
 
 // claim is what takeWaiter does with w, a listed receive with a word. l.mu must be held.
@@ -155,18 +161,15 @@ func (w *waiter) claimFor() claim {
 				return claimed
 			}
 		case opParked:
-			if !w.op.state.CompareAndSwap(opParked, opSettling) {
+			if !w.op.holdParked() {
 				continue
 			}
-			if w.word.CompareAndSwap(w.key, 0) {
-				w.op.state.Store(opDone) // its host comes to the layer and finds the message
-				return gone
-			}
-			if w.word.CompareAndSwap(^w.key, 0) {
+			if w.takeArmed() {
 				w.op.state.Store(opHanding)
 				return claimed
 			}
-			w.op.state.Store(opDone) // another value: the word is not this receive's any more
+			w.revoke()               // its host comes to the layer and finds the message
+			w.op.state.Store(opDone) // (or the word holds another value: it is not this receive's)
 			return gone
 		case opHanding:
 			// A second message while the first is on its way: it goes elsewhere, and the
@@ -200,13 +203,11 @@ func (w *waiter) park() {
 func (mb *mailbox) settleParked() {
 	kept := mb.waiters[:0]
 	for _, w := range mb.waiters {
-		if w.parks() && w.op.state.Load() == opParked {
-			if w.op.state.CompareAndSwap(opParked, opSettling) {
-				if w.word.CompareAndSwap(w.key, 0) {
-					w.op.state.Store(opDone)
-				} else {
-					w.op.state.Store(opParked)
-				}
+		if w.parks() && w.op.holdParked() {
+			if w.revoke() {
+				w.op.state.Store(opDone)
+			} else {
+				w.op.state.Store(opParked) // armed: it waits
 			}
 		}
 		if w.parks() && w.ended() {
@@ -232,42 +233,28 @@ func (mb *mailbox) waitedOn() bool {
 // endParked prepares w, which Close unlisted, for the end of its receive: one its host armed
 // gets ErrClosed like a pending one, and a park that was not armed is revoked.
 func (w *waiter) endParked() {
-	if !w.parks() || !w.op.state.CompareAndSwap(opParked, opSettling) {
+	if !w.parks() || !w.op.holdParked() {
 		return
 	}
-	if w.word.CompareAndSwap(^w.key, 0) {
+	if w.takeArmed() {
 		w.op.state.Store(opPending) // armed: it was waiting
 		return
 	}
-	w.word.CompareAndSwap(w.key, 0)
+	w.revoke()
 	w.op.state.Store(opDone)
 }
 
 // cancelArmed withdraws w when its host armed it: true when it did. false when w was parked
 // and not armed (its last message is still the host's to keep or give back), or not parked.
 func (w *waiter) cancelArmed() bool {
-	for {
-		switch w.op.state.Load() {
-		case opParked:
-			if !w.op.state.CompareAndSwap(opParked, opSettling) {
-				continue
-			}
-			if !w.word.CompareAndSwap(^w.key, 0) {
-				w.op.state.Store(opParked)
-				return false
-			}
-			w.op.state.Store(opCancelled)
-			l := w.l
-			l.mu.Lock()
-			if w.mb.removeWaiter(w) {
-				l.readerLeft(w.mb, time.Now(), true)
-			}
-			l.mu.Unlock()
-			return true
-		case opSettling:
-			runtime.Gosched()
-		default:
-			return false
-		}
+	if !w.op.holdParked() {
+		return false
 	}
+	if !w.takeArmed() {
+		w.op.state.Store(opParked)
+		return false
+	}
+	w.op.state.Store(opCancelled)
+	w.unlist()
+	return true
 }

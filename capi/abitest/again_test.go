@@ -45,14 +45,15 @@ func (s cancelSetup) takeReceived(op uint64, closure uintptr) int {
 
 // tookOne starts a receive on the setup's channel that waits, sends it message n, and takes its
 // result with one take of the setup's queue: the receive can start over until the next take.
-func (s cancelSetup) tookOne(n int) uint64 {
+func (s cancelSetup) tookOne(n int) result {
 	s.c.t.Helper()
 	op := s.c.receivePending(s.ch, s.q)
 	s.sender.send(s.ch, numbered(s.c.t, n))
-	if r := s.q.one(); r.Op != op || numberOf(r.Data) != n {
+	r := s.q.one()
+	if r.Op != op || numberOf(r.Data) != n {
 		s.c.t.Fatalf("result %v, want op %d n=%d", r, op, n)
 	}
-	return op
+	return r
 }
 
 // A receive whose result the last take handed over starts over as the same operation: it waits
@@ -88,7 +89,7 @@ func TestReceiveAgainWaitsAsTheSameOperation(t *testing.T) {
 // start over after it too, until it waits again.
 func TestReceiveAgainReturnsAWaitingMessage(t *testing.T) {
 	s := newCancelSetup(t, nil)
-	op := s.tookOne(1)
+	op := s.tookOne(1).Op
 	s.sender.send(s.ch, numbered(t, 2))
 	s.sender.send(s.ch, numbered(t, 3))
 	s.c.barrier(s.sender)
@@ -162,7 +163,7 @@ func TestReceiveAgainRefusals(t *testing.T) {
 // message once taken, but never the message it had before: the host consumed that one.
 func TestReceiveAgainCancel(t *testing.T) {
 	s := newCancelSetup(t, nil)
-	op := s.tookOne(1)
+	op := s.tookOne(1).Op
 	if st, _, _ := s.receiveAgain(op); st != cnPending {
 		t.Fatalf("a start-over: %s, want CN_PENDING", name(st))
 	}
@@ -172,7 +173,7 @@ func TestReceiveAgainCancel(t *testing.T) {
 	s.q.quiet(20 * time.Millisecond)
 	s.c.nothingWaiting(s.ch) // message 1 stays consumed
 
-	op = s.tookOne(2)
+	op = s.tookOne(2).Op
 	if st, _, _ := s.receiveAgain(op); st != cnPending {
 		t.Fatalf("a start-over: %s, want CN_PENDING", name(st))
 	}
@@ -202,7 +203,7 @@ func TestReceiveAgainCancel(t *testing.T) {
 // over there, and a receive by name makes the new mailbox.
 func TestReceiveAgainAfterFlush(t *testing.T) {
 	s := newCancelSetup(t, nil)
-	op := s.tookOne(1)
+	op := s.tookOne(1).Op
 	if st, msg := onThread(func() int32 { return cnFlush(s.c.h) }); st != cnOK {
 		t.Fatalf("cn_flush: %s (%s)", name(st), msg)
 	}

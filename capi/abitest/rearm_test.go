@@ -17,14 +17,22 @@ func rearm(r result) bool {
 	return (*atomic.Uint64)(ptr(r.Rearm)).CompareAndSwap(r.Op, ^r.Op)
 }
 
-// tookParked is tookOne's result: a receive that got message n and parked.
+// tookParked is tookOne's result, which must carry a word: its receive parked.
 func (s cancelSetup) tookParked(n int) result {
 	s.c.t.Helper()
-	op := s.c.receivePending(s.ch, s.q)
-	s.sender.send(s.ch, numbered(s.c.t, n))
-	r := s.q.one()
-	if r.Op != op || numberOf(r.Data) != n || r.Rearm == 0 {
-		s.c.t.Fatalf("result %v, want op %d n=%d with a word", r, op, n)
+	r := s.tookOne(n)
+	if r.Rearm == 0 {
+		s.c.t.Fatalf("result %v without a word", r)
+	}
+	return r
+}
+
+// armedOne is tookParked's receive, armed again through its word.
+func (s cancelSetup) armedOne(n int) result {
+	s.c.t.Helper()
+	r := s.tookParked(n)
+	if !rearm(r) {
+		s.c.t.Fatalf("arming %v failed", r)
 	}
 	return r
 }
@@ -100,10 +108,7 @@ func TestRearmUntilTheNextTake(t *testing.T) {
 		t.Errorf("a start-over after the next take: %s, want CN_NOT_PENDING", name(st))
 	}
 
-	r = s.tookParked(2)
-	if !rearm(r) {
-		t.Fatal("arming failed")
-	}
+	r = s.armedOne(2)
 	if got := s.q.take(4); len(got) != 0 {
 		t.Fatalf("unexpected results %v", got)
 	}
@@ -139,10 +144,7 @@ func TestRearmWithAStaleWordChangesNothing(t *testing.T) {
 // last message, as any taken result does.
 func TestRearmCancel(t *testing.T) {
 	s := newCancelSetup(t, nil)
-	r := s.tookParked(1)
-	if !rearm(r) {
-		t.Fatal("arming failed")
-	}
+	r := s.armedOne(1)
 	if st, msg := s.cancel(r.Op); st != cnOK {
 		t.Fatalf("cn_cancel of an armed receive: %s (%q), want CN_OK", name(st), msg)
 	}
@@ -153,10 +155,7 @@ func TestRearmCancel(t *testing.T) {
 		t.Errorf("after the cancel the next receive got n=%d, want 2 (message 1 stays consumed)", n)
 	}
 
-	r = s.tookParked(3)
-	if !rearm(r) {
-		t.Fatal("arming failed")
-	}
+	r = s.armedOne(3)
 	s.sender.send(s.ch, numbered(t, 4))
 	s.sender.send(s.ch, numbered(t, 5))
 	if got := s.q.one(); got.Op != r.Op || numberOf(got.Data) != 4 {
@@ -190,10 +189,7 @@ func TestRearmCancel(t *testing.T) {
 // An armed receive ends with CN_CLOSED when its client closes, as a waiting one does.
 func TestRearmClose(t *testing.T) {
 	s := newCancelSetup(t, nil)
-	r := s.tookParked(1)
-	if !rearm(r) {
-		t.Fatal("arming failed")
-	}
+	r := s.armedOne(1)
 	closed := newQueue(t)
 	if st := cnClose(s.c.h, closed.h, newClosure()); st != cnPending {
 		t.Fatalf("cn_close: %s, want CN_PENDING", name(st))
@@ -209,12 +205,12 @@ func TestRearmClose(t *testing.T) {
 // message.
 func TestRearmQueueFree(t *testing.T) {
 	s := newCancelSetup(t, nil)
-	r := s.tookParked(1)
-	if !rearm(r) {
-		t.Fatal("arming failed")
-	}
+	r := s.armedOne(1)
 	if st := cnQueueFree(s.q.h); st != cnOK {
 		t.Fatalf("cn_queue_free: %s", name(st))
+	}
+	if st, _ := s.cancel(r.Op); st != cnNotPending {
+		t.Errorf("cn_cancel of the armed receive after cn_queue_free: %s, want CN_NOT_PENDING (withdrawn)", name(st))
 	}
 	s.sender.send(s.ch, numbered(t, 2))
 	s.c.barrier(s.sender)
