@@ -55,7 +55,7 @@ const entry all_functions[] = {
 // The result struct, the log callback type and the enums are usable from C++ as declared.
 void log_callback(void *, int, const char *) {}
 const cn_log_callback log_cb = &log_callback;
-const cn_result empty_result = {0, 0, CN_OK, 0, 0, 0};
+const cn_result empty_result = {0, 0, CN_OK, 0, 0, 0, 0};
 const int levels[] = {CN_LOG_DEBUG, CN_LOG_INFO, CN_LOG_WARNING, CN_LOG_ERROR};
 const cn_status first = CN_OK, last = CN_INTERNAL;
 
