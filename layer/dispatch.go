@@ -196,22 +196,20 @@ func (l *Layer) deliverHandoffs(wait bool) bool {
 // handTo delivers msg to a receive, or gives it back when the receive was cancelled after the
 // message was handed over (S14).
 func (l *Layer) handTo(op *Op, to Receiver, msg Message) {
-	if w := op.recv; w != nil && w.parks() && op.state.Load() != opPending {
-		// takeWaiter gave it the message (opHanding): it cannot be cancelled meanwhile, and it
-		// parks once it has it (rearm.go).
-		w.msg = msg
-		w.handed.Store(true)
-		w.park()
-		to.Received(msg, nil)
-		return
-	}
-	if !op.finish() {
+	w := op.recv
+	// A receive that parks was given the message by takeWaiter (opHanding): it cannot be
+	// cancelled meanwhile, and it parks once it has it (rearm.go).
+	parks := w != nil && w.parks() && op.state.Load() != opPending
+	if !parks && !op.finish() {
 		l.giveBack(msg)
 		return
 	}
-	if w := op.recv; w != nil { // Retract gives it back from there, with no closure to allocate
+	if w != nil { // Retract gives it back from there, with no closure to allocate
 		w.msg = msg
 		w.handed.Store(true)
+		if parks {
+			w.park()
+		}
 	} else {
 		op.retractWith(func() { l.giveBack(msg) })
 	}

@@ -193,7 +193,7 @@ func (mb *mailbox) removeWaiter(w *waiter) bool {
 	}
 	for i, x := range mb.waiters {
 		if x == w {
-			mb.waiters = append(mb.waiters[:i], mb.waiters[i+1:]...)
+			mb.unlistAt(i)
 			break
 		}
 	}

@@ -27,6 +27,17 @@ func (s cancelSetup) tookParked(n int) result {
 	return r
 }
 
+// sendFor sends message n on the setup's channel and takes its one result, which must be op's.
+func (s cancelSetup) sendFor(op uint64, n int) result {
+	s.c.t.Helper()
+	s.sender.send(s.ch, numbered(s.c.t, n))
+	got := s.q.one()
+	if got.Op != op || numberOf(got.Data) != n {
+		s.c.t.Fatalf("result %v, want op %d n=%d", got, op, n)
+	}
+	return got
+}
+
 // armedOne is tookParked's receive, armed again through its word.
 func (s cancelSetup) armedOne(n int) result {
 	s.c.t.Helper()
@@ -87,10 +98,7 @@ func TestRearmFailsWhenAMessageWaits(t *testing.T) {
 	if st, _, _ := s.receiveAgain(r.Op); st != cnPending {
 		t.Fatalf("a start-over on an empty mailbox: %s, want CN_PENDING", name(st))
 	}
-	s.sender.send(s.ch, numbered(t, 4))
-	if got := s.q.one(); got.Op != r.Op || numberOf(got.Data) != 4 {
-		t.Fatalf("result %v, want op %d n=4", got, r.Op)
-	}
+	s.sendFor(r.Op, 4)
 }
 
 // A park lasts until the queue's next take: then arming fails and the receive has ended. An
@@ -112,10 +120,7 @@ func TestRearmUntilTheNextTake(t *testing.T) {
 	if got := s.q.take(4); len(got) != 0 {
 		t.Fatalf("unexpected results %v", got)
 	}
-	s.sender.send(s.ch, numbered(t, 3))
-	if got := s.q.one(); got.Op != r.Op || numberOf(got.Data) != 3 {
-		t.Fatalf("result %v, want op %d n=3", got, r.Op)
-	}
+	s.sendFor(r.Op, 3)
 }
 
 // The word of an ended receive goes to another receive, whose key is its own op: the old op's
@@ -133,10 +138,7 @@ func TestRearmWithAStaleWordChangesNothing(t *testing.T) {
 	if !rearm(r) {
 		t.Fatal("arming failed")
 	}
-	s.sender.send(s.ch, numbered(t, 3))
-	if got := s.q.one(); got.Op != r.Op || numberOf(got.Data) != 3 {
-		t.Fatalf("result %v, want op %d n=3", got, r.Op)
-	}
+	s.sendFor(r.Op, 3)
 }
 
 // cn_cancel of an armed receive withdraws it and loses nothing; of one whose next message was
