@@ -24,7 +24,7 @@ import pytest
 from conftest import NatsServer, unique, wait_until
 from faultproxy import FaultProxy
 
-from channels_nats import NatsChannelLayer, PublishTimeout
+from channels_nats import ChannelLayerClosed, NatsChannelLayer, PublishTimeout
 
 STALL_BOUND = 0.020
 """The longest the layer may keep its caller's event loop from running, in seconds."""
@@ -266,6 +266,65 @@ async def test_a_frozen_broker_never_holds_the_loop_during_a_burst(
             f"worst loop stall {watch.worst * 1000:.1f} ms ({watch.worst_raw * 1000:.1f} ms raw)"
         )
     finally:
+        await sender.close()
+        await receiver.close()
+
+
+@pytest.mark.timeout(60)
+async def test_receives_that_wait_again_on_a_frozen_broker_never_hold_the_loop(own_nats_server: NatsServer) -> None:
+    """Consumers whose receives wait again after each message (started over through the shared
+    word, with no call) while the broker is frozen: cancelling half of them returns at once, and
+    the loop runs all along. After the thaw a group message reaches the others, in order, and
+    waits in the cancelled ones' mailboxes (S14). A close during a second freeze ends the
+    receives still waiting with ChannelLayerClosed, within the drain bound."""
+    group, members = unique("frozen-again"), 200
+    sender = NatsChannelLayer(servers=own_nats_server.url)
+    receiver = NatsChannelLayer(servers=own_nats_server.url, connect_options={"drain_timeout": 1})
+    consumers: dict[str, asyncio.Future[None]] = {}
+    try:
+        channels = [await receiver.new_channel() for _ in range(members)]
+        for channel in channels:
+            await receiver.group_add(group, channel)
+        got: dict[str, list[int]] = {channel: [] for channel in channels}
+
+        async def consume(channel: str) -> None:
+            while True:
+                got[channel].append((await receiver.receive(channel))["n"])
+
+        consumers.update((channel, asyncio.ensure_future(consume(channel))) for channel in channels)
+        # Each consumer's first receive waited by name; the second and third start over.
+        for n in range(2):
+            await sender.group_send(group, {"type": "t", "n": n})
+        await wait_until(lambda: all(len(numbers) == 2 for numbers in got.values()), "every member to get 0 and 1")
+        cancelled, kept = channels[::2], channels[1::2]
+
+        async with watched_loop() as watch:
+            freeze(own_nats_server, 2.0)
+            for channel in cancelled:
+                consumers[channel].cancel()
+            await asyncio.gather(*(consumers[channel] for channel in cancelled), return_exceptions=True)
+            await asyncio.sleep(2.5)  # thawed
+            await sender.group_send(group, {"type": "t", "n": 2})
+            await wait_until(lambda: all(len(got[channel]) == 3 for channel in kept), "the kept members to get 2")
+        assert_no_stall(watch, f"cancelling {len(cancelled)} receives that waited again on a frozen broker")
+        assert all(got[channel] == [0, 1, 2] for channel in kept)
+        assert all(got[channel] == [0, 1] for channel in cancelled)
+        for channel in cancelled:
+            assert (await asyncio.wait_for(receiver.receive(channel), 5))["n"] == 2
+
+        freeze(own_nats_server, 3.0)
+        started = time.monotonic()
+        async with watched_loop() as watch:
+            await receiver.close()
+        took = time.monotonic() - started
+        assert_no_stall(watch, "a close on a frozen broker with receives waiting again")
+        assert took < 1 + 1.5, f"close took {took:.1f} s with drain_timeout 1"
+        ended = await asyncio.wait_for(asyncio.gather(*(consumers[c] for c in kept), return_exceptions=True), 5)
+        assert all(isinstance(result, ChannelLayerClosed) for result in ended), {type(r).__name__ for r in ended}
+        await asyncio.sleep(max(0.0, started + 3.2 - time.monotonic()))  # thawed before the sender closes
+    finally:
+        for consumer in consumers.values():
+            consumer.cancel()
         await sender.close()
         await receiver.close()
 
