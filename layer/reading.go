@@ -1,7 +1,6 @@
 package layer
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"os"
@@ -246,9 +245,8 @@ func (s *socket) deliver(a arrival) bool {
 	if sub == nil {
 		return false
 	}
-	// Clone appends to an empty slice: the runtime does not clear the new array first, as it
-	// does for make.
-	m := &nats.Msg{Subject: sub.Subject, Sub: sub, Data: bytes.Clone(a.payload)}
+	m := &nats.Msg{Subject: sub.Subject, Sub: sub, Data: make([]byte, len(a.payload))}
+	copy(m.Data, a.payload)
 	if string(a.subject) != sub.Subject { // the layer subscribes to no wildcard; this is for safety
 		m.Subject = string(a.subject)
 	}
