@@ -62,10 +62,7 @@ func (s cancelSetup) tookOne(n int) result {
 func TestReceiveAgainWaitsAsTheSameOperation(t *testing.T) {
 	s := newCancelSetup(t, nil)
 	closure := newClosure()
-	st, _, op := s.c.receive(s.ch, s.q, closure)
-	if st != cnPending {
-		t.Fatalf("cn_receive: %s, want CN_PENDING", name(st))
-	}
+	op := s.c.receivePendingFor(s.ch, s.q, closure)
 	s.sender.send(s.ch, numbered(t, 1))
 	if n := s.takeReceived(op, closure); n != 1 {
 		t.Fatalf("first result n=%d, want 1", n)

@@ -389,7 +389,13 @@ func (c *client) receive(channel string, q *queue, closure uintptr) (st int32, b
 // receivePending starts a receive that must be pending, its result going to q (nil: c.own).
 func (c *client) receivePending(channel string, q *queue) uint64 {
 	c.t.Helper()
-	st, body, op := c.receive(channel, q, newClosure())
+	return c.receivePendingFor(channel, q, newClosure())
+}
+
+// receivePendingFor is receivePending with the closure its result must carry.
+func (c *client) receivePendingFor(channel string, q *queue, closure uintptr) uint64 {
+	c.t.Helper()
+	st, body, op := c.receive(channel, q, closure)
 	if st != cnPending {
 		c.t.Fatalf("cn_receive(%s): %s (n=%d), want CN_PENDING", channel, name(st), numberOf(body))
 	}

@@ -53,10 +53,7 @@ func (s cancelSetup) armedOne(n int) result {
 func TestRearmWaitsAsTheSameOperation(t *testing.T) {
 	s := newCancelSetup(t, nil)
 	closure := newClosure()
-	st, _, op := s.c.receive(s.ch, s.q, closure)
-	if st != cnPending {
-		t.Fatalf("cn_receive: %s, want CN_PENDING", name(st))
-	}
+	op := s.c.receivePendingFor(s.ch, s.q, closure)
 	s.sender.send(s.ch, numbered(t, 1))
 	r := s.q.one()
 	word := r.Rearm
